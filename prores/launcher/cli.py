@@ -1,0 +1,59 @@
+"""``prores`` console script: ``prores train [CONFIG] [--set KEY=VALUE ...] [--run-dir DIR]``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import warnings
+from pathlib import Path
+
+from prores.errors import UsageError
+
+
+def _quiet_dependencies() -> None:
+    warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    try:
+        from deepspeed.utils import logger as ds_logger
+
+        ds_logger.setLevel(logging.WARNING)
+    except ImportError:
+        pass
+
+
+def _cmd_train(args) -> int:
+    from prores.config import load_config
+    from prores.launcher.train import train
+
+    cfg = load_config(args.config, tuple(args.set))
+    run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / Path(args.config or "tiny").stem
+    train(cfg, run_dir)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="prores", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("train", help="train a model (default: the packaged tiny config)")
+    p.add_argument("config", nargs="?", default=None, help="YAML config (default: packaged configs/tiny.yaml)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config key, e.g. --set model.num_layers=48 (repeatable)")
+    p.add_argument("--run-dir", default=None, help="where events, config.yaml and checkpoints go"
+                                                   " (default: runs/<config name>)")
+    p.set_defaults(func=_cmd_train)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _quiet_dependencies()
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        print(f"prores: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""The training loop: the model's pieces in a DeepSpeed pipeline engine, driven step by step.
+
+TensorBoard step convention: everything logged at step t was computed by the
+model after t completed optimizer steps, with alpha(l, t). So ``train/*`` at
+step t describe the update that takes the model from t to t+1 (its loss,
+pre-clip grad norm and learning rate), and ``prores/alpha/*`` at step t is the
+alpha that update used. ``valid/*`` at step t evaluates the model after t
+updates.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from prores.config import Config, dump_config
+from prores.data.batches import PackedSamples, TrainBatches, split_documents, valid_batches
+from prores.data.corpus import load_documents
+from prores.data.tokenizers import load_tokenizer
+from prores.launcher.lr import LR_SCHEDULES
+from prores.model.block import Block
+from prores.model.gpt import gpt_pieces, lm_loss
+from prores.model.prores import ProRes
+from prores.monitor.stats import LayerStats
+from prores.monitor.tensorboard import RunWriter
+from prores.parallel import topology as topo_mod
+from prores.parallel.pipeline import build_pipeline
+
+log = logging.getLogger("prores")
+
+
+@dataclass
+class Summary:
+    steps: int
+    final_valid_loss: float
+    unigram_entropy: float
+    tokens_per_sec: float
+
+
+def deepspeed_config(cfg: Config) -> dict:
+    return {
+        "train_micro_batch_size_per_gpu": cfg.train.micro_batch_size,
+        "gradient_accumulation_steps": cfg.train.grad_accum,
+        "gradient_clipping": cfg.optim.clip_grad,
+        "zero_optimization": {"stage": cfg.parallel.zero_stage},
+        "bf16": {"enabled": cfg.train.precision == "bf16"},
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+
+
+def param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Decay matrices only; norm gains and biases are vectors and are not decayed."""
+    decay = [p for p in module.parameters() if p.dim() >= 2]
+    other = [p for p in module.parameters() if p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}]
+
+
+def lr_lambda(cfg: Config):
+    fn, o = LR_SCHEDULES[cfg.optim.lr_schedule], cfg.optim
+    return lambda step: fn(step, cfg.train.steps, o.warmup_steps, o.min_lr_ratio, o.decay_fraction)
+
+
+class Trainer:
+    def __init__(self, cfg: Config, run_dir: Path):
+        import deepspeed
+
+        self.cfg, self.run_dir = cfg, run_dir
+        self.topo = topo_mod.init(cfg.parallel.tp, cfg.parallel.pp)
+        torch.manual_seed(cfg.train.seed)  # dropout masks; weights are seeded per parameter
+
+        tokenizer = load_tokenizer(cfg.data.tokenizer)
+        splits = split_documents(load_documents(cfg.data.corpus, cfg.data.json_key), tokenizer,
+                                 cfg.data.valid_fraction)
+        self.unigram_entropy = splits.unigram_entropy()
+        seq = cfg.model.seq_length
+        self.train_data = TrainBatches(PackedSamples(splits.train, seq), cfg.train.micro_batch_size,
+                                       cfg.train.seed, self.topo.dp_rank, self.topo.dp)
+        self.valid_data = valid_batches(PackedSamples(splits.valid, seq), cfg.train.micro_batch_size,
+                                        cfg.data.eval_batches, self.topo.dp_rank, self.topo.dp)
+
+        m = cfg.model
+        self.prores = ProRes(cfg.prores.schedule, cfg.prores.T, m.num_layers)
+        pieces = gpt_pieces(m, self.prores, tokenizer.vocab_size, cfg.train.seed)
+        module = build_pipeline(pieces, lm_loss, self.topo, balance_type=Block.__name__)
+        self.blocks = {b.layer_number: b for b in module.modules() if isinstance(b, Block)}
+        o = cfg.optim
+        optimizer = torch.optim.AdamW(param_groups(module, o.weight_decay), lr=o.lr, betas=tuple(o.betas),
+                                      eps=o.eps)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+        self.engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler,
+                                                    config=deepspeed_config(cfg))
+        self.tokens_per_step = cfg.train.micro_batch_size * cfg.train.grad_accum * self.topo.dp * seq
+        self.writer = RunWriter(run_dir, self.topo.rank, self.topo.is_loss_writer, self.topo.is_stage_writer)
+        self.stats = LayerStats(self.blocks)
+
+    @property
+    def step(self) -> int:
+        return self.engine.global_steps
+
+    def set_alpha(self, step: int) -> dict[int, float]:
+        for block in self.blocks.values():
+            block.set_step(step)
+        return {l: self.prores.alpha(l, step) for l in self.blocks}
+
+    def train_step(self) -> dict[str, float]:
+        t = self.step
+        alphas = self.set_alpha(t)
+        lr = self.engine.get_lr()[0]
+        self.stats.active = (t % self.cfg.logging.stats_interval == 0)
+        start = time.perf_counter()
+        loss = float(self.engine.train_batch(iter(self.train_data)))
+        elapsed = time.perf_counter() - start
+        self.stats.active = False
+        grad_norm = self.engine.get_global_grad_norm()
+        metrics = {"train/loss": loss, "train/lr": lr, "train/tokens_per_sec": self.tokens_per_step / elapsed}
+        if grad_norm is not None:
+            metrics["train/grad_norm"] = float(grad_norm)
+        if t % self.cfg.train.log_interval == 0 or t == self.cfg.train.steps - 1:
+            self.writer.loss_scalars(metrics, t)
+            self.writer.layer_scalars("prores/alpha", alphas, t)
+        if t % self.cfg.logging.stats_interval == 0:
+            self.writer.layer_scalars("layers/act_rms", self.stats.collect(), t)
+        return metrics
+
+    def evaluate(self) -> float:
+        t = self.step
+        self.set_alpha(t)
+        losses = [float(self.engine.eval_batch(iter([batch]), num_micro_batches=1)) for batch in self.valid_data]
+        loss = sum(losses) / len(losses)
+        self.writer.loss_scalars({"valid/loss": loss, "valid/ppl": math.exp(min(loss, 50.0))}, t)
+        return loss
+
+    def save(self) -> None:
+        self.engine.save_checkpoint(str(self.run_dir / "checkpoints"), tag=f"global_step{self.step}",
+                                    client_state={"data": self.train_data.state_dict(),
+                                                  "config": self.cfg.to_dict()})
+
+    def fit(self) -> Summary:
+        cfg = self.cfg
+        bar = None
+        if cfg.logging.progress_bar and self.topo.is_loss_writer:
+            from tqdm import tqdm
+
+            bar = tqdm(total=cfg.train.steps, initial=self.step, desc="train", dynamic_ncols=True)
+        valid_loss, tok_s = float("nan"), []
+        while self.step < cfg.train.steps:
+            metrics = self.train_step()
+            tok_s.append(metrics["train/tokens_per_sec"])
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", lr=f"{metrics['train/lr']:.2e}",
+                                tok_s=f"{metrics['train/tokens_per_sec']:.0f}")
+            done = self.step == cfg.train.steps
+            if self.step % cfg.train.eval_interval == 0 or done:
+                valid_loss = self.evaluate()
+                if bar is not None:
+                    bar.write(f"step {self.step}: valid loss {valid_loss:.4f}"
+                              f" (unigram entropy {self.unigram_entropy:.4f})")
+            interval = cfg.train.checkpoint_interval
+            if done or (interval and self.step % interval == 0):
+                self.save()
+        if bar is not None:
+            bar.close()
+        self.writer.close()
+        steady = tok_s[len(tok_s) // 2:] or [float("nan")]  # skip warm-up steps
+        return Summary(steps=self.step, final_valid_loss=valid_loss, unigram_entropy=self.unigram_entropy,
+                       tokens_per_sec=sum(steady) / len(steady))
+
+
+def train(cfg: Config, run_dir: Path) -> Summary:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    trainer = Trainer(cfg, run_dir)
+    if trainer.topo.rank == 0:
+        dump_config(cfg, run_dir / "config.yaml")
+    summary = trainer.fit()
+    if trainer.topo.is_loss_writer:
+        (run_dir / "summary.json").write_text(json.dumps(summary.__dict__, indent=2))
+        print(f"final valid loss {summary.final_valid_loss:.4f} nats/token"
+              f" vs unigram entropy {summary.unigram_entropy:.4f} nats/token"
+              f" ({summary.tokens_per_sec:.0f} tokens/s)")
+    return summary

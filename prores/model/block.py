@@ -1,0 +1,72 @@
+"""One residual block: a norm layout around Megatron-core attention and MLP, scaled by alpha."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from megatron.core.transformer.spec_utils import build_module
+
+from prores.model.attention import ATTENTION_SPEC, MLP_SPEC, megatron_config, rope_table
+from prores.model.init import init_piece
+from prores.model.layouts import LAYOUTS
+from prores.model.norm import Norm
+from prores.model.prores import ProRes
+
+
+class Block(nn.Module):
+    """Block ``layer`` (global, 1-based) of ``model_cfg.num_layers``.
+
+    ``alpha`` is ``None`` (exactly 1, no multiply) or a 0-dim fp32 tensor set by
+    :meth:`set_step` from the ProRes schedule; it is never a parameter or a
+    buffer, so neither the optimizer, a dtype cast nor a checkpoint touches it.
+    """
+
+    def __init__(self, model_cfg, prores: ProRes, layer: int, seed: int):
+        super().__init__()
+        if prores.num_layers != model_cfg.num_layers:
+            raise ValueError("ProRes and the model disagree on the number of blocks")
+        self.layer_number = layer
+        self.prores = prores
+        self.layout = LAYOUTS[model_cfg.norm_layout]
+        self.skip_scale = self.layout.skip_scale(model_cfg.num_layers)
+        self.dropout = model_cfg.dropout
+        self.rope = (model_cfg.hidden_size // model_cfg.num_heads, model_cfg.rope_base) \
+            if model_cfg.position == "rope" else None
+
+        config = megatron_config(model_cfg)
+        self.self_attention = build_module(ATTENTION_SPEC, config=config, layer_number=layer)
+        self.mlp = build_module(MLP_SPEC, config=config, ffn_hidden_size=model_cfg.ffn_hidden_size)
+        for name in self.layout.norms:
+            self.add_module(name, Norm(model_cfg.norm, model_cfg.hidden_size, model_cfg.norm_eps,
+                                       self.layout.norm_out_scale(layer)))
+        init_piece(self, model_cfg, layer, seed)
+        self.alpha: Optional[torch.Tensor] = None
+        self.set_step(0)
+
+    def set_step(self, step: int) -> None:
+        """Set alpha for ``step`` completed optimizer steps."""
+        if self.prores.saturated(step):
+            self.alpha = None
+        else:
+            device = self.norm1.weight.device
+            self.alpha = torch.tensor(self.prores.alpha(self.layer_number, step), dtype=torch.float32,
+                                      device=device)
+
+    def _drop(self, out: torch.Tensor) -> torch.Tensor:
+        return F.dropout(out, self.dropout, self.training) if self.dropout else out
+
+    def attention_branch(self, y: torch.Tensor) -> torch.Tensor:
+        rope = None if self.rope is None else rope_table(y.shape[0], *self.rope, y.device)
+        out, _ = self.self_attention(y, None, rotary_pos_emb=rope)
+        return self._drop(out)
+
+    def mlp_branch(self, y: torch.Tensor) -> torch.Tensor:
+        out, _ = self.mlp(y)
+        return self._drop(out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layout.forward(self, x)

@@ -1,0 +1,112 @@
+"""A GPT as an ordered list of pieces: embedding, blocks, (final norm), head.
+
+The pieces are plain (class, kwargs) pairs so that the same list builds a
+single-process model or a DeepSpeed pipeline in which each stage builds only
+its own pieces. Activations between pieces are [s, b, h].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from megatron.core import tensor_parallel
+from megatron.core.tensor_parallel import ColumnParallelLinear, VocabParallelEmbedding
+
+from prores.model.attention import megatron_config
+from prores.model.block import Block
+from prores.model import fused
+from prores.model.init import init_piece
+from prores.model.layouts import LAYOUTS
+from prores.model.norm import Norm
+from prores.model.prores import ProRes
+
+
+def padded_vocab_size(vocab_size: int, multiple: int) -> int:
+    """Padding depends on ``multiple`` only (not on tp), so layouts share one vocab."""
+    return -(-vocab_size // multiple) * multiple
+
+
+class Embedding(nn.Module):
+    """Tokens [b, s] -> hidden [s, b, h]. Layer index 0."""
+
+    def __init__(self, model_cfg, vocab_size: int, seed: int):
+        super().__init__()
+        config = megatron_config(model_cfg)
+        self.dropout = model_cfg.dropout
+        self.word_embeddings = VocabParallelEmbedding(vocab_size, model_cfg.hidden_size,
+                                                      init_method=config.init_method, config=config)
+        self.position_embeddings = nn.Embedding(model_cfg.seq_length, model_cfg.hidden_size) \
+            if model_cfg.position == "learned" else None
+        init_piece(self, model_cfg, 0, seed)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.word_embeddings(tokens)
+        if self.position_embeddings is not None:
+            h = h + self.position_embeddings.weight[: tokens.shape[1]]
+        h = h.transpose(0, 1).contiguous()
+        return F.dropout(h, self.dropout, self.training) if self.dropout else h
+
+
+def tied_head_forward(embedding: Embedding, hidden: torch.Tensor) -> torch.Tensor:
+    """The head when embeddings are tied: logits from the (vocab-parallel) embedding weight."""
+    hidden = tensor_parallel.copy_to_tensor_model_parallel_region(hidden)
+    return F.linear(hidden, embedding.word_embeddings.weight)
+
+
+class FinalNorm(nn.Module):
+    """The norm after the last block of pre-style layouts. Layer index L+1."""
+
+    def __init__(self, model_cfg, seed: int):
+        super().__init__()
+        self.norm = Norm(model_cfg.norm, model_cfg.hidden_size, model_cfg.norm_eps)
+        init_piece(self, model_cfg, model_cfg.num_layers + 1, seed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fused.norm(x, self.norm)
+
+
+class Head(nn.Module):
+    """Hidden [s, b, h] -> vocab-parallel logits [s, b, V/tp]. Layer index L+1."""
+
+    def __init__(self, model_cfg, vocab_size: int, seed: int):
+        super().__init__()
+        self.linear = ColumnParallelLinear(model_cfg.hidden_size, vocab_size, config=megatron_config(model_cfg),
+                                           init_method=None, bias=False, gather_output=False)
+        init_piece(self, model_cfg, model_cfg.num_layers + 1, seed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)[0]
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy; logits [s, b, V/tp], labels [b, s]."""
+    return tensor_parallel.vocab_parallel_cross_entropy(logits.float(), labels.t().contiguous()).mean()
+
+
+@dataclass(frozen=True)
+class Piece:
+    cls: type
+    kwargs: dict = field(default_factory=dict)
+    tie_key: Optional[str] = None  # pieces sharing a key share their weight
+    tied_forward: Optional[Callable] = None
+
+
+def gpt_pieces(model_cfg, prores: ProRes, vocab_size: int, seed: int) -> list[Piece]:
+    vocab = padded_vocab_size(vocab_size, model_cfg.vocab_multiple)
+    embed_kwargs = dict(model_cfg=model_cfg, vocab_size=vocab, seed=seed)
+    tie = "embed" if model_cfg.tie_embeddings else None
+    pieces = [Piece(Embedding, embed_kwargs, tie_key=tie)]
+    pieces += [Piece(Block, dict(model_cfg=model_cfg, prores=prores, layer=l, seed=seed))
+               for l in range(1, model_cfg.num_layers + 1)]
+    if LAYOUTS[model_cfg.norm_layout].final_norm:
+        pieces.append(Piece(FinalNorm, dict(model_cfg=model_cfg, seed=seed)))
+    if tie:
+        pieces.append(Piece(Embedding, embed_kwargs, tie_key=tie, tied_forward=tied_head_forward))
+    else:
+        pieces.append(Piece(Head, dict(model_cfg=model_cfg, vocab_size=vocab, seed=seed)))
+    return pieces

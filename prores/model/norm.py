@@ -1,0 +1,33 @@
+"""LayerNorm / RMSNorm parameters. The math lives in :mod:`prores.model.fused`."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+NORM_KINDS = ("layernorm", "rmsnorm")
+
+
+class Norm(nn.Module):
+    """Affine weight (and bias for LayerNorm), replicated over tensor-parallel ranks.
+
+    ``out_scale`` multiplies the output (LNS uses 1/sqrt(l)); it is folded into
+    the affine weight at call time so the norm stays a single op.
+    """
+
+    def __init__(self, kind: str, hidden_size: int, eps: float, out_scale: float = 1.0):
+        super().__init__()
+        if kind not in NORM_KINDS:
+            raise ValueError(f"unknown norm {kind!r}; known: {', '.join(NORM_KINDS)}")
+        self.kind, self.eps, self.out_scale = kind, eps, out_scale
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.bias = nn.Parameter(torch.zeros(hidden_size)) if kind == "layernorm" else None
+
+    def affine(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.out_scale == 1.0:
+            return self.weight, self.bias
+        bias = None if self.bias is None else self.bias * self.out_scale
+        return self.weight * self.out_scale, bias
+
+    def extra_repr(self) -> str:
+        return f"{self.kind}, {self.weight.numel()}, eps={self.eps}, out_scale={self.out_scale:g}"

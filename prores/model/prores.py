@@ -1,0 +1,88 @@
+"""Progressive Residual Warmup: alpha(l, t) schedules as pure functions.
+
+``l`` is the GLOBAL 1-based block index, ``t`` the number of completed
+optimizer steps, ``T`` the per-layer warmup length and ``L`` the number of
+blocks. alpha scales both residual branches of block ``l``. It is a schedule,
+never a parameter, so it is recomputed from ``t`` and a resume is exact.
+
+Each schedule also says from which step on every alpha is 1 forever
+(``saturates_at``); from then on blocks skip the multiply altogether.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+
+def _linear(l: int, t: int, T: int, L: int) -> float:
+    return min(t / (T * l), 1.0)
+
+
+def _stagewise0(l: int, t: int, T: int, L: int) -> float:
+    return min(max((t - T * (l - 1)) / T, 0.0), 1.0)
+
+
+def _never_unless_one_layer(T: int, L: int) -> Optional[int]:
+    return 0 if L == 1 else None
+
+
+def _after_all_layers(T: int, L: int) -> Optional[int]:
+    return T * L
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: str
+    fn: Callable[[int, int, int, int], float]
+    saturates_at: Callable[[int, int], Optional[int]]
+    doc: str
+
+
+SCHEDULES: dict[str, Schedule] = {
+    s.name: s
+    for s in (
+        Schedule("linear", _linear, _after_all_layers, "min(t/(T·l), 1)"),
+        Schedule("linear-sqrt", lambda l, t, T, L: math.sqrt(_linear(l, t, T, L)), _after_all_layers, "linear^(1/2)"),
+        Schedule("linear-square", lambda l, t, T, L: _linear(l, t, T, L) ** 2, _after_all_layers, "linear^2"),
+        Schedule("equal", lambda l, t, T, L: min(t / T, 1.0), lambda T, L: T, "min(t/T, 1)"),
+        Schedule("reverse", lambda l, t, T, L: min(t / (T * (L - l + 1)), 1.0), _after_all_layers,
+                 "min(t/(T·(L−l+1)), 1)"),
+        Schedule("stagewise-0", _stagewise0, _after_all_layers, "clip((t − T(l−1))/T, 0, 1)"),
+        Schedule("stagewise-L", lambda l, t, T, L: _stagewise0(l, t, T, L) * (1 - 1 / L) + 1 / L,
+                 _after_all_layers, "stagewise-0·(1 − 1/L) + 1/L"),
+        Schedule("stagewise-sqrt-l",
+                 lambda l, t, T, L: _stagewise0(l, t, T, L) * (1 - 1 / math.sqrt(l)) + 1 / math.sqrt(l),
+                 _after_all_layers, "stagewise-0·(1 − 1/sqrt(l)) + 1/sqrt(l)"),
+        Schedule("fix-L", lambda l, t, T, L: 1 / L, _never_unless_one_layer, "1/L"),
+        Schedule("fix-sqrt-L", lambda l, t, T, L: 1 / math.sqrt(L), _never_unless_one_layer, "1/sqrt(L)"),
+        Schedule("fix-sqrt-l", lambda l, t, T, L: 1 / math.sqrt(l), _never_unless_one_layer, "1/sqrt(l)"),
+        Schedule("none", lambda l, t, T, L: 1.0, lambda T, L: 0, "1 (ProRes off)"),
+    )
+}
+
+
+@dataclass(frozen=True)
+class ProRes:
+    """A schedule bound to its ``T`` and ``L``; what each block holds."""
+
+    schedule: str
+    T: int
+    num_layers: int
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown ProRes schedule {self.schedule!r}; known: {', '.join(SCHEDULES)}")
+
+    def alpha(self, layer: int, step: int) -> float:
+        if not 1 <= layer <= self.num_layers:
+            raise ValueError(f"layer {layer} outside 1..{self.num_layers} (global, 1-based)")
+        if step < 0:
+            raise ValueError(f"step {step} is negative")
+        return float(SCHEDULES[self.schedule].fn(layer, step, self.T, self.num_layers))
+
+    def saturated(self, step: int) -> bool:
+        """True when every layer's alpha is 1 at ``step`` and at every later step."""
+        at = SCHEDULES[self.schedule].saturates_at(self.T, self.num_layers)
+        return at is not None and step >= at
