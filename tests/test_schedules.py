@@ -1,0 +1,73 @@
+"""alpha(l, t) against values computed by hand, for every schedule in the registry."""
+
+import math
+
+import pytest
+
+from prores.model.prores import SCHEDULES, ProRes
+
+T, L = 10, 4
+# (schedule, l, t, expected) with T=10, L=4. Boundaries: t=0, the warmup edge of
+# layer l (t = T·l for linear), and far beyond.
+TABLE = [
+    ("linear", 1, 0, 0.0), ("linear", 1, 5, 0.5), ("linear", 1, 10, 1.0), ("linear", 1, 99, 1.0),
+    ("linear", 4, 10, 0.25), ("linear", 4, 39, 0.975), ("linear", 4, 40, 1.0),
+    ("linear-sqrt", 4, 10, 0.5), ("linear-sqrt", 1, 10, 1.0), ("linear-sqrt", 2, 5, 0.5),
+    ("linear-square", 4, 20, 0.25), ("linear-square", 2, 10, 0.25), ("linear-square", 4, 40, 1.0),
+    ("equal", 1, 5, 0.5), ("equal", 4, 5, 0.5), ("equal", 4, 10, 1.0), ("equal", 3, 0, 0.0),
+    ("reverse", 4, 5, 0.5), ("reverse", 1, 10, 0.25), ("reverse", 1, 40, 1.0), ("reverse", 2, 15, 0.5),
+    ("stagewise-0", 1, 5, 0.5), ("stagewise-0", 2, 5, 0.0), ("stagewise-0", 2, 15, 0.5),
+    ("stagewise-0", 4, 30, 0.0), ("stagewise-0", 4, 35, 0.5), ("stagewise-0", 4, 40, 1.0),
+    ("stagewise-L", 2, 0, 0.25), ("stagewise-L", 2, 15, 0.625), ("stagewise-L", 4, 40, 1.0),
+    ("stagewise-sqrt-l", 4, 0, 0.5), ("stagewise-sqrt-l", 4, 35, 0.75), ("stagewise-sqrt-l", 1, 0, 1.0),
+    ("fix-L", 1, 0, 0.25), ("fix-L", 4, 1000, 0.25),
+    ("fix-sqrt-L", 2, 7, 0.5), ("fix-sqrt-l", 4, 3, 0.5), ("fix-sqrt-l", 1, 3, 1.0),
+    ("none", 3, 0, 1.0), ("none", 1, 123, 1.0),
+]
+
+
+@pytest.mark.parametrize("schedule,layer,step,expected", TABLE)
+def test_alpha_table(schedule, layer, step, expected):
+    assert ProRes(schedule, T, L).alpha(layer, step) == pytest.approx(expected, abs=1e-12)
+
+
+def test_table_covers_every_schedule():
+    assert {row[0] for row in TABLE} == set(SCHEDULES)
+
+
+# The first step from which every alpha is exactly 1 forever (None: never).
+SATURATION = {"linear": 40, "linear-sqrt": 40, "linear-square": 40, "equal": 10, "reverse": 40,
+              "stagewise-0": 40, "stagewise-L": 40, "stagewise-sqrt-l": 40, "fix-L": None,
+              "fix-sqrt-L": None, "fix-sqrt-l": None, "none": 0}
+
+
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+def test_saturation_step_is_exactly_where_all_alphas_reach_one(schedule):
+    p = ProRes(schedule, T, L)
+    at = SATURATION[schedule]
+    for step in range(0, 60):
+        all_one = all(p.alpha(l, s) == 1.0 for l in range(1, L + 1) for s in range(step, step + 60))
+        assert p.saturated(step) == (at is not None and step >= at)
+        if p.saturated(step):
+            assert all_one
+    if at is not None and at > 0:
+        assert not all(p.alpha(l, at - 1) == 1.0 for l in range(1, L + 1))
+
+
+def test_alpha_is_monotone_and_bounded():
+    for name in SCHEDULES:
+        p = ProRes(name, 7, 5)
+        for l in range(1, 6):
+            values = [p.alpha(l, t) for t in range(0, 50)]
+            assert all(0.0 <= v <= 1.0 for v in values)
+            assert values == sorted(values), name
+
+
+def test_global_index_is_one_based_and_checked():
+    p = ProRes("linear", T, L)
+    with pytest.raises(ValueError, match="outside 1..4"):
+        p.alpha(0, 5)
+    with pytest.raises(ValueError, match="outside 1..4"):
+        p.alpha(5, 5)
+    assert p.alpha(1, 3) == 0.3 and p.alpha(3, 3) == pytest.approx(0.1)
+    assert math.isclose(ProRes("linear-sqrt", T, L).alpha(3, 3), math.sqrt(0.1))
