@@ -149,6 +149,11 @@ def _coerce(key: str, value: Any, tp) -> Any:
     """Check ``value`` against the annotated type; ints are accepted as floats."""
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, str):
+        try:  # PyYAML reads YAML 1.1, where 1e-3 (no dot) is a string
+            return float(value)
+        except ValueError:
+            pass
     if tp is list:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {value!r} ({type(value).__name__}).")
