@@ -131,3 +131,13 @@ def test_first_steps_match_a_plain_pytorch_reference(run, world_of_one):
         assert scalars["train/loss"][step] == pytest.approx(loss.item(), rel=1e-5), step
         assert scalars["train/grad_norm"][step] == pytest.approx(norm.item(), rel=1e-4), step
         assert scalars["train/lr"][step] == pytest.approx(lr, rel=1e-6), step
+
+
+def test_an_existing_run_is_never_overwritten(run):
+    run_dir, _, _ = run
+    before = sorted(p.name for p in run_dir.rglob("*"))
+    proc = subprocess.run([shutil.which("prores"), "train", "--run-dir", str(run_dir)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"run directory '{run_dir}' already holds a run" in proc.stderr
+    assert sorted(p.name for p in run_dir.rglob("*")) == before

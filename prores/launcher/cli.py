@@ -12,7 +12,9 @@ from prores.errors import UsageError
 
 
 def _quiet_dependencies() -> None:
-    warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+    for message in ("Transformer Engine and Apex are not installed", "full scope is deprecated",
+                    ".*tp_group is None"):
+        warnings.filterwarnings("ignore", message=message)
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     try:
         from deepspeed.utils import logger as ds_logger

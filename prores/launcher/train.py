@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from prores.config import Config, dump_config
+from prores.errors import UsageError
 from prores.data.batches import PackedSamples, TrainBatches, split_documents, valid_batches
 from prores.data.corpus import load_documents
 from prores.data.tokenizers import load_tokenizer
@@ -175,6 +176,10 @@ class Trainer:
 
 
 def train(cfg: Config, run_dir: Path) -> Summary:
+    if (run_dir / "checkpoints" / "latest").exists():
+        # Until resume lands, refuse rather than mix two runs' events and checkpoints.
+        raise UsageError(f"run directory '{run_dir}' already holds a run (checkpoints/latest);"
+                         " pass a new --run-dir or remove the old one.")
     run_dir.mkdir(parents=True, exist_ok=True)
     trainer = Trainer(cfg, run_dir)
     if trainer.topo.rank == 0:
