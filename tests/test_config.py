@@ -1,11 +1,9 @@
 """Config loading and validation: one clear message per mistake, through the real CLI too."""
 
-import subprocess
-import sys
-
 import pytest
 import yaml
 
+from conftest import run_cli
 from prores.config import DEFAULT_CONFIG, PACKAGED_CONFIGS, ConfigError, load_config
 
 
@@ -79,8 +77,7 @@ def test_large_configs_load(name, shape):
 
 
 def test_cli_prints_one_line_and_no_traceback():
-    proc = subprocess.run([sys.executable, "-m", "prores.launcher.cli", "train", "--set", "model.num_layer=4"],
-                          capture_output=True, text=True, timeout=120)
+    proc = run_cli("train", "--set", "model.num_layer=4", timeout=120)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (

@@ -7,14 +7,13 @@ well below the unigram-entropy baseline.
 """
 
 import json
-import shutil
-import subprocess
 
 import pytest
 import torch
 import yaml
 from tensorboard.backend.event_processing import event_accumulator
 
+from conftest import run_cli
 from prores.config import load_config
 from prores.data.batches import PackedSamples, TrainBatches, split_documents
 from prores.data.corpus import load_documents
@@ -35,12 +34,10 @@ LEARNING_MARGIN = 0.8  # nats/token below the unigram entropy after 120 steps (m
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("tiny")
-    exe = shutil.which("prores")
-    assert exe, "the `prores` console script is not installed"
-    args = [exe, "train", "--run-dir", str(run_dir)]
+    args = ["train", "--run-dir", str(run_dir)]
     for o in OVERRIDES:
         args += ["--set", o]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    proc = run_cli(*args)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     acc = event_accumulator.EventAccumulator(str(run_dir), size_guidance={event_accumulator.SCALARS: 0})
     acc.Reload()
@@ -136,8 +133,7 @@ def test_first_steps_match_a_plain_pytorch_reference(run, world_of_one):
 def test_an_existing_run_is_never_overwritten(run):
     run_dir, _, _ = run
     before = sorted(p.name for p in run_dir.rglob("*"))
-    proc = subprocess.run([shutil.which("prores"), "train", "--run-dir", str(run_dir)], capture_output=True,
-                          text=True, timeout=300)
+    proc = run_cli("train", "--run-dir", str(run_dir), timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"run directory '{run_dir}' already holds a run" in proc.stderr
     assert sorted(p.name for p in run_dir.rglob("*")) == before
