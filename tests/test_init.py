@@ -8,7 +8,7 @@ import torch
 
 from prores.config import ModelConfig
 from prores.model.block import Block
-from prores.model.init import shard
+from prores.parallel.sharding import shard, unshard
 from prores.model.prores import ProRes
 
 L, H = 8, 128
@@ -61,5 +61,9 @@ def test_shard_matches_megatron_partitions():
     gate, up = full[:4], full[4:]
     assert torch.equal(shard(full, p2, 0, 2), torch.cat([gate[:2], up[:2]]))
     assert torch.equal(shard(full, p2, 1, 2), torch.cat([gate[2:], up[2:]]))
+    # unshard is the inverse for every stride
+    for param, tp in ((p, 2), (p2, 2)):
+        assert torch.equal(unshard([shard(full, param, r, tp) for r in range(tp)], param), full)
+    assert torch.equal(unshard([shard(row, p_col, r, 3) for r in range(3)], p_col), row)
     # replicated parameters are not cut
     assert shard(full, SimpleNamespace(shape=(8, 3)), 1, 2) is full

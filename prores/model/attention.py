@@ -66,8 +66,17 @@ MLP_SPEC = ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnPara
                                                            linear_fc2=RowParallelLinear))
 
 
+def _leave_to_prores_init(weight: torch.Tensor) -> None:
+    """Megatron's init hook, deliberately empty: :mod:`prores.model.init` fills every weight."""
+
+
 def megatron_config(model_cfg) -> TransformerConfig:
-    """The TransformerConfig for our blocks. Init is ours (layout-invariant), not Megatron's."""
+    """The TransformerConfig for our pieces.
+
+    ``perform_initialization`` stays on only because Megatron sets the
+    tensor-parallel attributes (partition_dim, stride) on that path; the init
+    method itself is a no-op and the layout-invariant init runs afterwards.
+    """
     swiglu = model_cfg.mlp == "swiglu"
     return TransformerConfig(
         num_layers=model_cfg.num_layers,
@@ -84,6 +93,8 @@ def megatron_config(model_cfg) -> TransformerConfig:
         masked_softmax_fusion=False,
         gradient_accumulation_fusion=False,
         use_cpu_initialization=True,
-        perform_initialization=False,
+        perform_initialization=True,
+        init_method=_leave_to_prores_init,
+        output_layer_init_method=_leave_to_prores_init,
         params_dtype=torch.float32,
     )

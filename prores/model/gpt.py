@@ -75,8 +75,9 @@ class Head(nn.Module):
 
     def __init__(self, model_cfg, vocab_size: int, seed: int):
         super().__init__()
-        self.linear = ColumnParallelLinear(model_cfg.hidden_size, vocab_size, config=megatron_config(model_cfg),
-                                           init_method=None, bias=False, gather_output=False)
+        config = megatron_config(model_cfg)
+        self.linear = ColumnParallelLinear(model_cfg.hidden_size, vocab_size, config=config,
+                                           init_method=config.init_method, bias=False, gather_output=False)
         init_piece(self, model_cfg, model_cfg.num_layers + 1, seed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,8 @@ from torch import nn
 
 from megatron.core import parallel_state
 
+from prores.parallel.sharding import is_sharded, shard
+
 INIT_SCHEMES = {
     "normal": "std on every matrix",
     "scaled": "std/sqrt(2L) on output projections",
@@ -48,19 +50,9 @@ def matrix_std(scheme: str, std: float, name: str, layer: int, num_layers: int) 
 
 def full_shape(param: torch.Tensor, tp_size: int) -> list[int]:
     shape = list(param.shape)
-    if getattr(param, "tensor_model_parallel", False):
+    if is_sharded(param):
         shape[param.partition_dim] *= tp_size
     return shape
-
-
-def shard(full: torch.Tensor, param: torch.Tensor, tp_rank: int, tp_size: int) -> torch.Tensor:
-    """This rank's slice of ``full``, following Megatron's partition_dim / partition_stride."""
-    if not getattr(param, "tensor_model_parallel", False) or tp_size == 1:
-        return full
-    dim, stride = param.partition_dim, getattr(param, "partition_stride", 1)
-    size = full.shape[dim]
-    split = full.reshape(*full.shape[:dim], stride, tp_size, size // (stride * tp_size), *full.shape[dim + 1:])
-    return split.select(dim + 1, tp_rank).reshape(param.shape)
 
 
 def initial_value(name: str, param: torch.Tensor, *, layer: int, num_layers: int, scheme: str, std: float,

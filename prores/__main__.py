@@ -1,0 +1,7 @@
+"""`python -m prores` is the `prores` console script; launchers use it as `-m prores`."""
+
+import sys
+
+from prores.launcher.cli import main
+
+sys.exit(main())
