@@ -105,6 +105,7 @@ class ParallelConfig:
     tp: int = _key(1, minimum=1)
     pp: int = _key(1, minimum=1)
     zero_stage: int = _key(1, choices=(0, 1))
+    stage_layers: list = _key([], help="blocks per pipeline stage, e.g. [2, 3]; empty: uniform")
 
 
 @dataclass
@@ -271,6 +272,14 @@ def validate(cfg: Config) -> Config:
             f"parallel.pp={cfg.parallel.pp} exceeds model.num_layers={m.num_layers};"
             " every pipeline stage needs at least one block."
         )
+    stages = cfg.parallel.stage_layers
+    if stages:
+        if (len(stages) != cfg.parallel.pp or not all(isinstance(n, int) and n >= 1 for n in stages)
+                or sum(stages) != m.num_layers):
+            raise ConfigError(
+                f"parallel.stage_layers={stages}: give {cfg.parallel.pp} positive block counts (one per"
+                f" pipeline stage) that add up to model.num_layers={m.num_layers}, or [] for a uniform split."
+            )
     return cfg
 
 

@@ -1,5 +1,6 @@
 import os
 import shutil
+import socket
 import subprocess
 import warnings
 
@@ -17,11 +18,25 @@ def child_env(**extra) -> dict:
     return env
 
 
-def run_cli(*args, launcher=(), timeout=900, **extra_env) -> subprocess.CompletedProcess:
-    """Run the installed `prores` console script, optionally under a launcher such as torchrun."""
-    exe = shutil.which("prores")
-    assert exe, "the `prores` console script is not installed"
-    return subprocess.run([*launcher, exe, *args], capture_output=True, text=True, timeout=timeout,
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(n: int) -> list[str]:
+    return ["torchrun", "--standalone", f"--nproc_per_node={n}", "-m", "prores"]
+
+
+def deepspeed_launcher(n: int) -> list[str]:
+    return ["deepspeed", f"--num_gpus={n}", f"--master_port={free_port()}", "--module", "prores"]
+
+
+def run_cli(*args, launcher=None, timeout=900, **extra_env) -> subprocess.CompletedProcess:
+    """Run `prores ARGS`: the installed console script, or `-m prores` under a launcher."""
+    prefix = launcher or [shutil.which("prores")]
+    assert prefix[0], "the `prores` console script is not installed"
+    return subprocess.run([*prefix, *args], capture_output=True, text=True, timeout=timeout,
                           env=child_env(**extra_env))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -36,6 +37,8 @@ def _cmd_train(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="prores", description=__doc__)
+    # the deepspeed launcher passes --local_rank=N before the subcommand; LOCAL_RANK says the same
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("train", help="train a model (default: the packaged tiny config)")
     p.add_argument("config", nargs="?", default=None, help="YAML config (default: packaged configs/tiny.yaml)")
@@ -53,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except UsageError as exc:
-        print(f"prores: error: {exc}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # every rank fails alike; say it once
+            print(f"prores: error: {exc}", file=sys.stderr)
         return 2
 
 

@@ -31,7 +31,7 @@ from prores.model.prores import ProRes
 from prores.monitor.stats import LayerStats
 from prores.monitor.tensorboard import RunWriter
 from prores.parallel import topology as topo_mod
-from prores.parallel.pipeline import build_pipeline
+from prores.parallel.pipeline import build_pipeline, uniform_blocks
 
 log = logging.getLogger("prores")
 
@@ -89,7 +89,9 @@ class Trainer:
         m = cfg.model
         self.prores = ProRes(cfg.prores.schedule, cfg.prores.T, m.num_layers)
         pieces = gpt_pieces(m, self.prores, tokenizer.vocab_size, cfg.train.seed)
-        module = build_pipeline(pieces, lm_loss, self.topo, balance_type=Block.__name__)
+        module = build_pipeline(pieces, lm_loss, self.topo, is_block=lambda p: p.cls is Block,
+                                blocks_per_stage=cfg.parallel.stage_layers
+                                or uniform_blocks(m.num_layers, cfg.parallel.pp))
         self.blocks = {b.layer_number: b for b in module.modules() if isinstance(b, Block)}
         o = cfg.optim
         optimizer = torch.optim.AdamW(param_groups(module, o.weight_decay), lr=o.lr, betas=tuple(o.betas),

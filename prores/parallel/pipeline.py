@@ -1,8 +1,13 @@
-"""A DeepSpeed PipelineModule from the model's pieces: each stage builds only its own."""
+"""A DeepSpeed PipelineModule from the model's pieces: each stage builds only its own.
+
+Stages are cut by counting blocks: stage s holds ``blocks_per_stage[s]``
+blocks, the pieces before the first block (embedding) join stage 0 and the
+pieces after the last block (final norm, head) join the last stage.
+"""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 
@@ -18,7 +23,43 @@ def layer_specs(pieces) -> list[LayerSpec]:
     return specs
 
 
-def build_pipeline(pieces, loss_fn: Callable, topology, balance_type: str) -> PipelineModule:
-    """Stages hold equal numbers of pieces of class ``balance_type`` (the blocks)."""
-    return PipelineModule(layers=layer_specs(pieces), loss_fn=loss_fn, topology=topology.ds_topology,
-                          partition_method=f"type:{balance_type}", activation_checkpoint_interval=0)
+def uniform_blocks(num_blocks: int, stages: int) -> list[int]:
+    """As even as possible; earlier stages take the remainder."""
+    base, extra = divmod(num_blocks, stages)
+    return [base + (1 if s < extra else 0) for s in range(stages)]
+
+
+def stage_bounds(is_block: Sequence[bool], blocks_per_stage: Sequence[int]) -> list[int]:
+    """Piece index where each stage starts, then the number of pieces."""
+    block_at = [i for i, b in enumerate(is_block) if b]
+    if sum(blocks_per_stage) != len(block_at) or min(blocks_per_stage) < 1:
+        raise ValueError(f"blocks per stage {list(blocks_per_stage)} do not split {len(block_at)} blocks")
+    bounds, seen = [0], 0
+    for count in blocks_per_stage[:-1]:
+        seen += count
+        bounds.append(block_at[seen])
+    return bounds + [len(is_block)]
+
+
+class StagedPipeline(PipelineModule):
+    """PipelineModule whose stage boundaries are given, not searched for.
+
+    DeepSpeed 0.19's partition methods (uniform, parameters, type:regex) cannot
+    express an explicit per-stage block count, so we set ``parts`` ourselves in
+    the hook its constructor calls.
+    """
+
+    def __init__(self, *, bounds: list[int], **kwargs):
+        self._given_bounds = bounds
+        super().__init__(partition_method="given", **kwargs)
+
+    def _partition_layers(self, method="given"):
+        self.parts = list(self._given_bounds)
+        stage = self._topo.get_coord(self.global_rank).pipe
+        self._set_bounds(start=self.parts[stage], stop=self.parts[stage + 1])
+
+
+def build_pipeline(pieces, loss_fn: Callable, topology, is_block: Callable, blocks_per_stage: Sequence[int]):
+    bounds = stage_bounds([is_block(p) for p in pieces], blocks_per_stage)
+    return StagedPipeline(bounds=bounds, layers=layer_specs(pieces), loss_fn=loss_fn,
+                          topology=topology.ds_topology, activation_checkpoint_interval=0)

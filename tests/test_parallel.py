@@ -1,0 +1,144 @@
+"""TP × PP × DP through the real launchers on CPU/gloo: the layout changes nothing but speed.
+
+Every layout trains the same tiny fp32 model on the same data for 10 steps;
+per-step loss and pre-clip grad norm must equal the one-process run within
+rtol 1e-5, and the final weights, gathered from the DeepSpeed checkpoints,
+must match too.
+"""
+
+import glob
+import math
+
+import pytest
+import torch
+from tensorboard.backend.event_processing import event_accumulator
+
+from conftest import deepspeed_launcher, run_cli, torchrun
+from prores.config import load_config
+from prores.model.gpt import gpt_pieces
+from prores.model.prores import ProRes
+from prores.parallel.consolidate import consolidated_weights
+
+pytestmark = pytest.mark.slow
+
+STEPS, RTOL = 10, 1e-5
+# Adam divides each update by that element's own gradient scale, so a summation-order
+# difference of ~1e-7 in a near-zero gradient moves that weight visibly more than the loss:
+# weights are compared normwise, max|w - w_ref| <= WEIGHT_TOL·max|w_ref|, per tensor.
+WEIGHT_TOL = 1e-4
+COMMON = ("model.num_layers=6", "model.hidden_size=64", "model.ffn_hidden_size=128", "model.num_heads=4",
+          "model.seq_length=32", "model.dropout=0.0", "train.precision=fp32", f"train.steps={STEPS}",
+          "train.micro_batch_size=4", "train.log_interval=1", "train.eval_interval=5",
+          "optim.warmup_steps=2", "prores.T=2", "data.eval_batches=2", "logging.progress_bar=false")
+UNEVEN = ("model.num_layers=5", "parallel.pp=2", "parallel.stage_layers=[2, 3]")
+
+# name: (launcher, overrides on top of COMMON)
+LAYOUTS = {
+    "1x1x1": (None, ()),
+    "tp2": (torchrun(2), ("parallel.tp=2",)),
+    "pp2": (torchrun(2), ("parallel.pp=2",)),
+    "dp2": (deepspeed_launcher(2), ("train.micro_batch_size=2",)),  # same global batch of 4
+    "tp2pp2": (deepspeed_launcher(4), ("parallel.tp=2", "parallel.pp=2")),
+    "1x1x1-5blocks": (None, ("model.num_layers=5",)),
+    "pp2-uneven": (torchrun(2), UNEVEN),
+}
+BASELINE = {name: "1x1x1-5blocks" if name == "pp2-uneven" else "1x1x1" for name in LAYOUTS}
+
+
+def scalars_by_file(run_dir):
+    out = {}
+    for path in sorted(glob.glob(str(run_dir / "events.out.tfevents.*"))):
+        acc = event_accumulator.EventAccumulator(path, size_guidance={event_accumulator.SCALARS: 0})
+        acc.Reload()
+        out[path] = {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    results = {}
+    for name, (launcher, overrides) in LAYOUTS.items():
+        run_dir = tmp_path_factory.mktemp(name)
+        args = ["train", "--run-dir", str(run_dir)]
+        for o in COMMON + overrides:
+            args += ["--set", o]
+        proc = run_cli(*args, launcher=launcher)
+        assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+        per_file = scalars_by_file(run_dir)
+        merged = {tag: values for f in per_file.values() for tag, values in f.items()}
+        results[name] = {"dir": run_dir, "files": per_file, "scalars": merged,
+                         "overrides": COMMON + overrides}
+    return results
+
+
+def first_divergence(got: dict, want: dict, rtol: float):
+    assert sorted(got) == sorted(want), f"logged steps differ: {sorted(got)} vs {sorted(want)}"
+    for step in sorted(want):
+        if not math.isclose(got[step], want[step], rel_tol=rtol, abs_tol=0.0):
+            return step, got[step], want[step]
+    return None
+
+
+@pytest.mark.parametrize("name", [n for n in LAYOUTS if not n.startswith("1x1x1")])
+@pytest.mark.parametrize("tag", ["train/loss", "train/grad_norm", "valid/loss"])
+def test_same_curve_as_one_process(runs, name, tag):
+    got, want = runs[name]["scalars"][tag], runs[BASELINE[name]]["scalars"][tag]
+    assert len(want) >= (STEPS if tag.startswith("train") else 2)
+    bad = first_divergence(got, want, RTOL)
+    assert bad is None, (f"{name} {tag} first diverges at step {bad[0]}: {bad[1]!r} vs one process"
+                         f" {bad[2]!r} (rel {abs(bad[1] - bad[2]) / abs(bad[2]):.2e} > {RTOL})")
+
+
+@pytest.mark.parametrize("name", [n for n in LAYOUTS if not n.startswith("1x1x1")])
+def test_final_weights_match_after_gathering(runs, name, world_of_one):
+    cfg = load_config(None, runs[name]["overrides"])
+    m = cfg.model
+    pieces = [p.cls(**p.kwargs) for p in gpt_pieces(m, ProRes(cfg.prores.schedule, cfg.prores.T, m.num_layers),
+                                                     258, cfg.train.seed)]
+    tag = f"checkpoints/global_step{STEPS}"
+    got = consolidated_weights(runs[name]["dir"] / tag, pieces)
+    want = consolidated_weights(runs[BASELINE[name]]["dir"] / tag, pieces)
+    assert got.keys() == want.keys() and len(got) == sum(len(list(p.parameters())) for p in pieces)
+    worst = 0.0
+    for key in want:
+        err = (got[key] - want[key]).abs().max().item() / want[key].abs().max().item()
+        assert err <= WEIGHT_TOL, f"{name} {key}: normwise diff {err:.3e}"
+        worst = max(worst, err)
+    print(f"{name}: worst normwise weight diff {worst:.2e}")
+
+
+def test_alpha_written_once_per_layer_by_the_owning_stage(runs):
+    """pp=2 with 2+3 blocks: stage 0 writes layers 1-2, stage 1 layers 3-5 (and the loss); no overlap."""
+    run = runs["pp2-uneven"]
+    files = list(run["files"].values())
+    assert len(files) == 2
+    owned = [sorted(int(t[-3:]) for t in f if t.startswith("prores/alpha/")) for f in files]
+    assert sorted(owned) == [[1, 2], [3, 4, 5]]
+    stats = [sorted(int(t[-3:]) for t in f if t.startswith("layers/act_rms/")) for f in files]
+    assert sorted(stats) == [[1, 2], [3, 4, 5]]
+    loss_writers = [f for f in files if "train/loss" in f]
+    assert len(loss_writers) == 1 and "prores/alpha/layer_005" in loss_writers[0]
+    cfg = load_config(None, run["overrides"])
+    prores = ProRes(cfg.prores.schedule, cfg.prores.T, cfg.model.num_layers)
+    for l in range(1, 6):
+        logged = run["scalars"][f"prores/alpha/layer_{l:03d}"]
+        assert sorted(logged) == list(range(STEPS))
+        assert all(v == pytest.approx(prores.alpha(l, s), abs=1e-7) for s, v in logged.items())
+
+
+@pytest.mark.parametrize("launcher,overrides,message", [
+    (torchrun(2), ("parallel.pp=3", "model.num_layers=6"),
+     "world size 2 is not divisible by parallel.tp × parallel.pp = 1 × 3"),
+    (None, ("parallel.tp=3",), "parallel.tp=3 does not divide model.num_heads=4"),
+    (None, ("parallel.pp=13",), "parallel.pp=13 exceeds model.num_layers=12"),
+    (None, ("parallel.pp=2", "parallel.stage_layers=[5, 6]"),
+     "parallel.stage_layers=[5, 6]: give 2 positive block counts"),
+])
+def test_bad_layouts_fail_once_and_clearly(tmp_path, launcher, overrides, message):
+    args = ["train", "--run-dir", str(tmp_path)]
+    for o in overrides:
+        args += ["--set", o]
+    proc = run_cli(*args, launcher=launcher, timeout=300)
+    assert proc.returncode != 0
+    assert proc.stderr.count(message) == 1, proc.stderr[-3000:]
+    assert "/prores/" not in "".join(l for l in proc.stderr.splitlines() if l.strip().startswith("File "))
