@@ -39,6 +39,8 @@ LAYOUTS = {
     "pp2": (torchrun(2), ("parallel.pp=2",)),
     "dp2": (deepspeed_launcher(2), ("train.micro_batch_size=2",)),  # same global batch of 4
     "tp2pp2": (deepspeed_launcher(4), ("parallel.tp=2", "parallel.pp=2")),
+    # ZeRO-0 clips with prores's global norm (DeepSpeed's misses replicated params on later stages)
+    "tp2pp2-zero0": (torchrun(4), ("parallel.tp=2", "parallel.pp=2", "parallel.zero_stage=0")),
     "1x1x1-5blocks": (None, ("model.num_layers=5",)),
     "pp2-uneven": (torchrun(2), UNEVEN),
 }

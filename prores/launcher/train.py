@@ -31,6 +31,7 @@ from prores.model.prores import ProRes
 from prores.monitor.stats import LayerStats
 from prores.monitor.tensorboard import RunWriter
 from prores.parallel import topology as topo_mod
+from prores.parallel.grad_norm import GlobalNormAdamW
 from prores.parallel.pipeline import build_pipeline, uniform_blocks
 
 log = logging.getLogger("prores")
@@ -44,11 +45,16 @@ class Summary:
     tokens_per_sec: float
 
 
+def clips_itself(cfg: Config) -> bool:
+    """ZeRO-0 fp32: DeepSpeed's clip there misses parameters (see prores.parallel.grad_norm)."""
+    return cfg.parallel.zero_stage == 0 and cfg.train.precision == "fp32"
+
+
 def deepspeed_config(cfg: Config) -> dict:
     return {
         "train_micro_batch_size_per_gpu": cfg.train.micro_batch_size,
         "gradient_accumulation_steps": cfg.train.grad_accum,
-        "gradient_clipping": cfg.optim.clip_grad,
+        "gradient_clipping": 0.0 if clips_itself(cfg) else cfg.optim.clip_grad,
         "zero_optimization": {"stage": cfg.parallel.zero_stage},
         "bf16": {"enabled": cfg.train.precision == "bf16"},
         "steps_per_print": 2**31 - 1,
@@ -94,8 +100,15 @@ class Trainer:
                                 or uniform_blocks(m.num_layers, cfg.parallel.pp))
         self.blocks = {b.layer_number: b for b in module.modules() if isinstance(b, Block)}
         o = cfg.optim
-        optimizer = torch.optim.AdamW(param_groups(module, o.weight_decay), lr=o.lr, betas=tuple(o.betas),
-                                      eps=o.eps)
+        adamw = dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps)
+        groups = param_groups(module, o.weight_decay)
+        if clips_itself(cfg):
+            from megatron.core import parallel_state
+
+            optimizer = GlobalNormAdamW(groups, max_norm=o.clip_grad, tp_rank=self.topo.tp_rank,
+                                        model_parallel_group=parallel_state.get_model_parallel_group(), **adamw)
+        else:
+            optimizer = torch.optim.AdamW(groups, **adamw)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
         self.engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler,
                                                     config=deepspeed_config(cfg))
