@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from megatron.core import parallel_state
 
 from prores.config import Config, dump_config
 from prores.errors import UsageError
@@ -69,6 +70,16 @@ def param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}]
 
 
+def build_optimizer(cfg: Config, module: torch.nn.Module, topo) -> torch.optim.Optimizer:
+    """AdamW with the paper's defaults; clipping is DeepSpeed's except where prores must do it."""
+    o = cfg.optim
+    groups, adamw = param_groups(module, o.weight_decay), dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps)
+    if clips_itself(cfg):
+        return GlobalNormAdamW(groups, max_norm=o.clip_grad, tp_rank=topo.tp_rank,
+                               model_parallel_group=parallel_state.get_model_parallel_group(), **adamw)
+    return torch.optim.AdamW(groups, **adamw)
+
+
 def lr_lambda(cfg: Config):
     fn, o = LR_SCHEDULES[cfg.optim.lr_schedule], cfg.optim
     return lambda step: fn(step, cfg.train.steps, o.warmup_steps, o.min_lr_ratio, o.decay_fraction)
@@ -99,16 +110,7 @@ class Trainer:
                                 blocks_per_stage=cfg.parallel.stage_layers
                                 or uniform_blocks(m.num_layers, cfg.parallel.pp))
         self.blocks = {b.layer_number: b for b in module.modules() if isinstance(b, Block)}
-        o = cfg.optim
-        adamw = dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps)
-        groups = param_groups(module, o.weight_decay)
-        if clips_itself(cfg):
-            from megatron.core import parallel_state
-
-            optimizer = GlobalNormAdamW(groups, max_norm=o.clip_grad, tp_rank=self.topo.tp_rank,
-                                        model_parallel_group=parallel_state.get_model_parallel_group(), **adamw)
-        else:
-            optimizer = torch.optim.AdamW(groups, **adamw)
+        optimizer = build_optimizer(cfg, module, self.topo)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
         self.engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler,
                                                     config=deepspeed_config(cfg))

@@ -1,0 +1,65 @@
+"""Throughput per parallel layout, and measured pipeline efficiency against the 1F1B bound.
+
+Every run is a real `prores train` under torchrun on this machine (gloo on
+CPU, nccl on GPU), one thread per process, same model and global batch.
+
+1. tokens/s for (tp, pp, dp) in {(1,1,1), (2,1,1), (1,2,1), (1,1,2), (2,2,1)}, side by side.
+2. For pp = 2 and m micro-batches per step (m = grad_accum), the efficiency
+   E = tokens/s(pp=2) / (2 · tokens/s(pp=1)) next to the 1F1B bound m / (m + p − 1).
+
+Usage: python benchmarks/parallel_layouts.py [--steps 16] [--micro-batches 1 2 4 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+MODEL = ("model.num_layers=8", "model.hidden_size=128", "model.ffn_hidden_size=344", "model.num_heads=4",
+         "model.seq_length=128", "logging.progress_bar=false", "train.eval_interval=100000",
+         "data.eval_batches=1")
+
+
+def tokens_per_sec(tp: int, pp: int, dp: int, steps: int, micro: int, accum: int) -> float:
+    run_dir = Path(tempfile.mkdtemp(prefix="prores-bench-"))
+    overrides = MODEL + (f"parallel.tp={tp}", f"parallel.pp={pp}", f"train.steps={steps}",
+                         f"train.micro_batch_size={micro}", f"train.grad_accum={accum}")
+    cmd = ["torchrun", "--standalone", f"--nproc_per_node={tp * pp * dp}", "-m", "prores", "train",
+           "--run-dir", str(run_dir)]
+    for o in overrides:
+        cmd += ["--set", o]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+    env["OMP_NUM_THREADS"] = "1"
+    subprocess.run(cmd, check=True, capture_output=True, env=env)
+    return json.loads((run_dir / "summary.json").read_text())["tokens_per_sec"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2, 4, 8])
+    args = parser.parse_args()
+
+    print("layout (tp,pp,dp)   tokens/s   vs 1x1x1")
+    base = None
+    for tp, pp, dp in [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 1)]:
+        # the same global batch of 8 sequences on every layout
+        tps = tokens_per_sec(tp, pp, dp, args.steps, micro=8 // dp, accum=1)
+        base = base or tps
+        print(f"({tp},{pp},{dp})            {tps:8.0f}   {tps / base:6.2f}x")
+
+    p = 2
+    print(f"\npipeline efficiency, pp={p}, micro-batch 2, m = micro-batches per step")
+    print("m   tok/s pp=1   tok/s pp=2   measured E   1F1B bound m/(m+p-1)")
+    for m in args.micro_batches:
+        one = tokens_per_sec(1, 1, 1, args.steps, micro=2, accum=m)
+        two = tokens_per_sec(1, p, 1, args.steps, micro=2, accum=m)
+        print(f"{m:<3} {one:10.0f}   {two:10.0f}   {two / (p * one):10.3f}   {m / (m + p - 1):10.3f}")
+
+
+if __name__ == "__main__":
+    main()
