@@ -20,6 +20,7 @@ import yaml
 
 from prores.errors import UsageError
 
+from prores.model.fused import BACKENDS
 from prores.model.layouts import LAYOUTS
 from prores.model.prores import SCHEDULES
 from prores.model.init import INIT_SCHEMES
@@ -116,7 +117,7 @@ class LoggingConfig:
 
 @dataclass
 class KernelsConfig:
-    backend: str = _key("auto", choices=("auto", "eager"))
+    backend: str = _key("auto", choices=("auto",) + tuple(BACKENDS))
 
 
 @dataclass

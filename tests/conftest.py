@@ -8,6 +8,9 @@ import pytest
 
 warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
 
+# Triton kernels run on CPU tensors through the interpreter; must be set before triton is imported.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # Set by the in-process world_of_one fixture; a child process must pick its own.
 RENDEZVOUS_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 

@@ -26,6 +26,7 @@ from prores.data.batches import PackedSamples, TrainBatches, split_documents, va
 from prores.data.corpus import load_documents
 from prores.data.tokenizers import load_tokenizer
 from prores.launcher.lr import LR_SCHEDULES
+from prores.model import fused
 from prores.model.block import Block
 from prores.model.gpt import gpt_pieces, lm_loss
 from prores.model.prores import ProRes
@@ -104,8 +105,12 @@ class Trainer:
                                         cfg.data.eval_batches, self.topo.dp_rank, self.topo.dp)
 
         m = cfg.model
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.backend, why = fused.resolve_backend(cfg.kernels.backend, device)
+        if self.topo.rank == 0:
+            print(f"kernels.backend={cfg.kernels.backend}: using {self.backend} ({why})")
         self.prores = ProRes(cfg.prores.schedule, cfg.prores.T, m.num_layers)
-        pieces = gpt_pieces(m, self.prores, tokenizer.vocab_size, cfg.train.seed)
+        pieces = gpt_pieces(m, self.prores, tokenizer.vocab_size, cfg.train.seed, self.backend)
         module = build_pipeline(pieces, lm_loss, self.topo, is_block=lambda p: p.cls is Block,
                                 blocks_per_stage=cfg.parallel.stage_layers
                                 or uniform_blocks(m.num_layers, cfg.parallel.pp))

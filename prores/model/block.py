@@ -10,6 +10,7 @@ from torch import nn
 
 from megatron.core.transformer.spec_utils import build_module
 
+from prores.model import fused
 from prores.model.attention import ATTENTION_SPEC, MLP_SPEC, megatron_config, rope_table
 from prores.model.init import init_piece
 from prores.model.layouts import LAYOUTS
@@ -25,12 +26,13 @@ class Block(nn.Module):
     buffer, so neither the optimizer, a dtype cast nor a checkpoint touches it.
     """
 
-    def __init__(self, model_cfg, prores: ProRes, layer: int, seed: int):
+    def __init__(self, model_cfg, prores: ProRes, layer: int, seed: int, backend: str = "eager"):
         super().__init__()
         if prores.num_layers != model_cfg.num_layers:
             raise ValueError("ProRes and the model disagree on the number of blocks")
         self.layer_number = layer
         self.prores = prores
+        self.ops = fused.ops(backend)
         self.layout = LAYOUTS[model_cfg.norm_layout]
         self.skip_scale = self.layout.skip_scale(model_cfg.num_layers)
         self.dropout = model_cfg.dropout

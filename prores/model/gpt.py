@@ -61,13 +61,14 @@ def tied_head_forward(embedding: Embedding, hidden: torch.Tensor) -> torch.Tenso
 class FinalNorm(nn.Module):
     """The norm after the last block of pre-style layouts. Layer index L+1."""
 
-    def __init__(self, model_cfg, seed: int):
+    def __init__(self, model_cfg, seed: int, backend: str = "eager"):
         super().__init__()
+        self.ops = fused.ops(backend)
         self.norm = Norm(model_cfg.norm, model_cfg.hidden_size, model_cfg.norm_eps)
         init_piece(self, model_cfg, model_cfg.num_layers + 1, seed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fused.norm(x, self.norm)
+        return self.ops.norm(x, self.norm)
 
 
 class Head(nn.Module):
@@ -97,15 +98,16 @@ class Piece:
     tied_forward: Optional[Callable] = None
 
 
-def gpt_pieces(model_cfg, prores: ProRes, vocab_size: int, seed: int) -> list[Piece]:
+def gpt_pieces(model_cfg, prores: ProRes, vocab_size: int, seed: int, backend: str = "eager") -> list[Piece]:
+    """``backend`` is a resolved :mod:`prores.model.fused` backend name."""
     vocab = padded_vocab_size(vocab_size, model_cfg.vocab_multiple)
     embed_kwargs = dict(model_cfg=model_cfg, vocab_size=vocab, seed=seed)
     tie = "embed" if model_cfg.tie_embeddings else None
     pieces = [Piece(Embedding, embed_kwargs, tie_key=tie)]
-    pieces += [Piece(Block, dict(model_cfg=model_cfg, prores=prores, layer=l, seed=seed))
+    pieces += [Piece(Block, dict(model_cfg=model_cfg, prores=prores, layer=l, seed=seed, backend=backend))
                for l in range(1, model_cfg.num_layers + 1)]
     if LAYOUTS[model_cfg.norm_layout].final_norm:
-        pieces.append(Piece(FinalNorm, dict(model_cfg=model_cfg, seed=seed)))
+        pieces.append(Piece(FinalNorm, dict(model_cfg=model_cfg, seed=seed, backend=backend)))
     if tie:
         pieces.append(Piece(Embedding, embed_kwargs, tie_key=tie, tied_forward=tied_head_forward))
     else:

@@ -1,6 +1,6 @@
 """Norm layouts: where the norms sit in a block and where alpha goes.
 
-Each layout is written once, in terms of :mod:`prores.model.fused`. ``a`` is
+Each layout is written once, in terms of the block's :class:`prores.model.fused.FusedOps`. ``a`` is
 the block's alpha (scaling both branches), ``F`` the attention or MLP branch:
 
 * pre:      x + a·F(Norm(x))
@@ -16,24 +16,24 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from prores.model import fused
 
 
 def _pre(b, x):
-    h, y = fused.add_norm(x, b.attention_branch(fused.norm(x, b.norm1)), b.alpha, b.norm2)
-    return fused.add(h, b.mlp_branch(y), b.alpha)
+    h, y = b.ops.add_norm(x, b.attention_branch(b.ops.norm(x, b.norm1)), b.alpha, b.norm2)
+    return b.ops.add(h, b.mlp_branch(y), b.alpha)
 
 
 def _post(b, x):
-    _, h = fused.add_norm(x, b.attention_branch(x), b.alpha, b.norm1, b.skip_scale)
-    _, out = fused.add_norm(h, b.mlp_branch(h), b.alpha, b.norm2, b.skip_scale)
-    return out
+    h = b.ops.post_norm(x, b.attention_branch(x), b.alpha, b.norm1, b.skip_scale)
+    return b.ops.post_norm(h, b.mlp_branch(h), b.alpha, b.norm2, b.skip_scale)
 
 
 def _sandwich(b, x):
-    f = fused.norm(b.attention_branch(fused.norm(x, b.norm1)), b.norm1_post)
-    h, y = fused.add_norm(x, f, b.alpha, b.norm2)
-    return fused.add(h, fused.norm(b.mlp_branch(y), b.norm2_post), b.alpha)
+    # Not fusable further: the branch norm (norm1_post) reads F's output, which the
+    # residual add needs only after that norm; the add itself fuses with norm2.
+    f = b.ops.norm(b.attention_branch(b.ops.norm(x, b.norm1)), b.norm1_post)
+    h, y = b.ops.add_norm(x, f, b.alpha, b.norm2)
+    return b.ops.add(h, b.ops.norm(b.mlp_branch(y), b.norm2_post), b.alpha)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""Residual-add + norm kernels behind :mod:`prores.model.fused`: reference (eager), compiled, triton."""

@@ -1,0 +1,45 @@
+"""The eager reference: plain torch ops on tensors. Every other backend must match it.
+
+``alpha`` is a 0-dim fp32 tensor, or None for exactly 1 (no multiply).
+``bias`` may be None; RMSNorm takes one too (added after the gain).
+
+Arithmetic is fp32 whatever the storage dtype, as in the fused kernels: the
+norm sees the unrounded sum x + alpha·f, and only the outputs are rounded.
+For fp32 and fp64 inputs the casts are no-ops.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+Tensor = torch.Tensor
+
+
+def _up(t: Tensor) -> Tensor:
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
+def _norm_up(h: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float, rms: bool) -> Tensor:
+    w = _up(weight).to(h.dtype)
+    b = None if bias is None else _up(bias).to(h.dtype)
+    if not rms:
+        return F.layer_norm(h, w.shape, w, b, eps)
+    y = F.rms_norm(h, w.shape, w, eps)
+    return y if b is None else y + b
+
+
+def norm(x: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float, rms: bool) -> Tensor:
+    return _norm_up(_up(x), weight, bias, eps, rms).to(x.dtype)
+
+
+def add(x: Tensor, f: Tensor, alpha: Optional[Tensor]) -> Tensor:
+    return x + f if alpha is None else x + alpha * f
+
+
+def add_norm(x: Tensor, f: Tensor, alpha: Optional[Tensor], weight: Tensor, bias: Optional[Tensor], eps: float,
+             rms: bool) -> tuple[Tensor, Tensor]:
+    h = add(_up(x), _up(f), alpha)
+    return h.to(x.dtype), _norm_up(h, weight, bias, eps, rms).to(x.dtype)
