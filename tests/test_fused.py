@@ -7,7 +7,7 @@ imported, by conftest), on small shapes.
 """
 
 import importlib.util
-import math
+import os
 
 import pytest
 import torch
@@ -21,6 +21,8 @@ L = 12
 ALPHAS = [0.0, 1e-3, 1.0, (2 * L) ** 0.25]
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 BACKENDS = ["eager", "compile"] + (["triton"] if HAS_TRITON else [])
+# On a GPU machine, `TRITON_INTERPRET=0 pytest tests/test_fused.py` checks the compiled kernels on CUDA.
+DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
 
 
 def ref_norm(h, w, b, eps, rms):
@@ -41,7 +43,7 @@ def inputs(m, n, dtype, seed=0):
     b = (0.1 * torch.randn(n, generator=g)).to(dtype)
     dy = torch.randn(m, n, generator=g).to(dtype)
     dh = torch.randn(m, n, generator=g).to(dtype)
-    return x, f, w, b, dy, dh
+    return tuple(t.to(DEVICE) for t in (x, f, w, b, dy, dh))
 
 
 def assert_normwise(name, got, ref, tau):
@@ -52,7 +54,7 @@ def assert_normwise(name, got, ref, tau):
 
 def run_add_norm(backend, x, f, alpha, w, b, eps, rms, dy, dh):
     leaves = [t.clone().requires_grad_() for t in (x, f, w, b)]
-    a = torch.tensor(alpha, dtype=torch.float32)
+    a = torch.tensor(alpha, dtype=torch.float32, device=DEVICE)
     h, y = fused.ops(backend).k.add_norm(leaves[0], leaves[1], a, leaves[2], leaves[3], eps, rms)
     torch.autograd.backward([h, y], [dh, dy])
     return h, y, [t.grad for t in leaves]
@@ -115,7 +117,7 @@ def test_norm_alone_without_bias(backend, rms):
 def test_deepnorm_is_add_norm_with_scaled_alpha_and_eps(rms, alpha):
     """Norm(c·x + a·f) == Norm(x + (a/c)·f) with eps/c², in float64: why one kernel serves both."""
     c, eps = (2 * L) ** 0.25, 1e-5
-    x, f, w, b, _, _ = (t.double() for t in inputs(20, 64, torch.float32))
+    x, f, w, b, _, _ = (t.double().cpu() for t in inputs(20, 64, torch.float32))
     n = Norm("rmsnorm" if rms else "layernorm", 64, eps).double()
     with torch.no_grad():
         n.weight.copy_(w)
@@ -135,7 +137,7 @@ def test_compile_backend_never_recompiles_for_a_new_alpha():
     x, f, w, b, _, _ = inputs(16, 128, torch.float32)
     k = fused.ops("compile").k
     for step in range(10):
-        alpha = torch.tensor(step / 10, dtype=torch.float32)
+        alpha = torch.tensor(step / 10, dtype=torch.float32, device=DEVICE)
         h, y = k.add_norm(x, f, alpha, w, b, 1e-5, True)
         assert torch.equal(h, x + alpha * f)
     assert counters["stats"]["unique_graphs"] == 1

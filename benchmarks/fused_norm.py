@@ -1,0 +1,106 @@
+"""Residual-add + norm: eager vs fused, side by side, with the device's copy bandwidth.
+
+For tokens × hidden in {4096, 16384} × {512, 1024, 1368, 4096} and fp32/bf16,
+prints eager ms, fused ms (compile on CPU; triton and compile on CUDA), the
+speedup, and effective GB/s under a minimum-traffic model:
+
+* forward  h = x + alpha·f, y = RMSNorm(h):  reads x, f; writes h, y    -> 4·M·N·bytes
+* backward from dy, dh:                     reads h, dy, dh; writes dx, df -> 5·M·N·bytes
+  (forward+backward: 9·M·N·bytes)
+
+next to the measured copy GB/s of a tensor of the same size (2·M·N·bytes).
+On CPU the script re-executes itself with MALLOC_MMAP_MAX_=0, so fresh
+allocations of 32 MB and more do not page-fault through mmap.
+
+Usage: python benchmarks/fused_norm.py [--quick] [--norm rmsnorm|layernorm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+from prores.model import fused
+
+
+def timed(fn, device, reps: int) -> float:
+    """Median seconds of ``fn`` after two warm-up calls."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def case(kernels, m, n, dtype, device, rms, reps):
+    torch._dynamo.reset()  # a fresh compile per shape: stay far from dynamo's recompile limit
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x, f, dy, dh = (torch.randn(m, n, generator=g).to(device, dtype) for _ in range(4))
+    w = torch.ones(n, device=device, dtype=dtype, requires_grad=True)
+    b = None if rms else torch.zeros(n, device=device, dtype=dtype, requires_grad=True)
+    alpha = torch.tensor(0.5, device=device)
+    xg, fg = x.clone().requires_grad_(), f.clone().requires_grad_()
+
+    def fwd():
+        with torch.no_grad():
+            kernels.add_norm(x, f, alpha, w, b, 1e-5, rms)
+
+    def fwd_bwd():
+        h, y = kernels.add_norm(xg, fg, alpha, w, b, 1e-5, rms)
+        torch.autograd.backward([h, y], [dh, dy])
+
+    return timed(fwd, device, reps), timed(fwd_bwd, device, reps)
+
+
+def copy_gbps(m, n, dtype, device, reps) -> float:
+    src = torch.randn(m, n, device=device).to(dtype)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * src.element_size() / timed(lambda: dst.copy_(src), device, reps) / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="4096 tokens, hidden 1024 and 4096 only")
+    parser.add_argument("--norm", default="rmsnorm", choices=["rmsnorm", "layernorm"])
+    parser.add_argument("--reps", type=int, default=10)
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu" and os.environ.get("MALLOC_MMAP_MAX_") != "0":
+        os.environ["MALLOC_MMAP_MAX_"] = "0"
+        os.execv(sys.executable, [sys.executable] + sys.argv)
+    rms = args.norm == "rmsnorm"
+    fused_names = ["triton", "compile"] if device.type == "cuda" else ["compile"]
+    eager = fused.ops("eager").k
+    tokens = [4096] if args.quick else [4096, 16384]
+    hidden = [1024, 4096] if args.quick else [512, 1024, 1368, 4096]
+    note = "MALLOC_MMAP_MAX_=0" if device.type == "cpu" else torch.cuda.get_device_name()
+    print(f"device {device.type} ({note}), {args.norm}, median of {args.reps}; GB/s = minimum traffic / time")
+    print(f"{'M x N':>12} {'dtype':>5} {'backend':>8} | {'fwd ms':>8} {'eager':>8} {'x':>5} {'GB/s':>6} |"
+          f" {'f+b ms':>8} {'eager':>8} {'x':>5} {'GB/s':>6} | copy GB/s")
+    for dtype in (torch.float32, torch.bfloat16):
+        for m in tokens:
+            for n in hidden:
+                size = m * n * torch.tensor([], dtype=dtype).element_size()
+                e_fwd, e_fb = case(eager, m, n, dtype, device, rms, args.reps)
+                copy = copy_gbps(m, n, dtype, device, args.reps)
+                for name in fused_names:
+                    k_fwd, k_fb = case(fused.ops(name).k, m, n, dtype, device, rms, args.reps)
+                    print(f"{m:>6}x{n:<5} {str(dtype)[6:]:>5} {name:>8} | {k_fwd * 1e3:8.2f} {e_fwd * 1e3:8.2f}"
+                          f" {e_fwd / k_fwd:5.2f} {4 * size / k_fwd / 1e9:6.1f} | {k_fb * 1e3:8.2f}"
+                          f" {e_fb * 1e3:8.2f} {e_fb / k_fb:5.2f} {9 * size / k_fb / 1e9:6.1f} | {copy:6.1f}")
+
+
+if __name__ == "__main__":
+    main()
