@@ -2,6 +2,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import warnings
 
 import pytest
@@ -33,6 +34,20 @@ def torchrun(n: int) -> list[str]:
 
 def deepspeed_launcher(n: int) -> list[str]:
     return ["deepspeed", f"--num_gpus={n}", f"--master_port={free_port()}", "--module", "prores"]
+
+
+def srun(n: int) -> list[str]:
+    return ["srun", f"--ntasks={n}", "--overcommit", "--kill-on-bad-exit=1", sys.executable, "-m", "prores"]
+
+
+def slurm_available() -> bool:
+    """A Slurm controller answers (CI starts one with `bash slurm/local-cluster.sh up`)."""
+    if not shutil.which("srun"):
+        return False
+    try:
+        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def run_cli(*args, launcher=None, timeout=900, **extra_env) -> subprocess.CompletedProcess:

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# A one-node Slurm cluster on this machine, for tests and CI (no systemd needed).
+#   bash slurm/local-cluster.sh up     # install slurm-wlm + munge if missing, start munged, slurmctld, slurmd
+#   bash slurm/local-cluster.sh down
+# Prints `export SLURM_CONF=...` on success; the same path is used by the tests.
+set -euo pipefail
+STATE=${PRORES_SLURM_DIR:-/tmp/prores-slurm}
+export SLURM_CONF=$STATE/slurm.conf
+
+down() {
+  pkill -x slurmd 2>/dev/null || true
+  pkill -x slurmctld 2>/dev/null || true
+  pkill -x munged 2>/dev/null || true
+}
+
+up() {
+  if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
+    apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge >&2
+  fi
+  down
+  mkdir -p "$STATE/spool" "$STATE/state" /run/munge /var/log/munge /var/lib/munge /etc/munge
+  if [ ! -s /etc/munge/munge.key ]; then
+    dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
+  fi
+  chown -R munge:munge /run/munge /var/log/munge /var/lib/munge /etc/munge
+  chmod 0700 /etc/munge /var/log/munge /var/lib/munge
+  chmod 0400 /etc/munge/munge.key
+  chmod 0755 /run/munge
+  runuser -u munge -- munged --force
+  local node
+  node=$(slurmd -C | head -n 1 | sed -e 's/NodeName=[^ ]*/NodeName=localhost/')
+  cat > "$SLURM_CONF" <<CONF
+ClusterName=prores
+SlurmctldHost=localhost
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+MailProg=/bin/true
+ReturnToService=2
+SlurmdSpoolDir=$STATE/spool
+StateSaveLocation=$STATE/state
+SlurmctldPidFile=$STATE/slurmctld.pid
+SlurmdPidFile=$STATE/slurmd.pid
+SlurmctldLogFile=$STATE/slurmctld.log
+SlurmdLogFile=$STATE/slurmd.log
+$node NodeAddr=127.0.0.1 State=UNKNOWN
+PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+CONF
+  slurmctld -i
+  slurmd
+  for _ in $(seq 60); do
+    if sinfo -h -o %t 2>/dev/null | grep -qE '^(idle|mix|alloc)'; then
+      echo "export SLURM_CONF=$SLURM_CONF"
+      return 0
+    fi
+    sleep 0.5
+  done
+  echo "slurm did not come up; see $STATE/*.log" >&2
+  return 1
+}
+
+"${1:-up}"
