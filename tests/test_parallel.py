@@ -10,7 +10,6 @@ import glob
 import math
 
 import pytest
-import torch
 from tensorboard.backend.event_processing import event_accumulator
 
 from conftest import deepspeed_launcher, run_cli, slurm_available, srun, torchrun

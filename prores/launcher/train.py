@@ -11,7 +11,6 @@ updates.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import time
 from dataclasses import dataclass
@@ -35,8 +34,6 @@ from prores.monitor.tensorboard import RunWriter
 from prores.parallel import topology as topo_mod
 from prores.parallel.grad_norm import GlobalNormAdamW
 from prores.parallel.pipeline import build_pipeline, uniform_blocks
-
-log = logging.getLogger("prores")
 
 
 @dataclass
@@ -136,7 +133,8 @@ class Trainer:
         t = self.step
         alphas = self.set_alpha(t)
         lr = self.engine.get_lr()[0]
-        self.stats.active = (t % self.cfg.logging.stats_interval == 0)
+        collect_stats = t % self.cfg.logging.stats_interval == 0
+        self.stats.active = collect_stats
         start = time.perf_counter()
         loss = float(self.engine.train_batch(iter(self.train_data)))
         elapsed = time.perf_counter() - start
@@ -148,7 +146,7 @@ class Trainer:
         if t % self.cfg.train.log_interval == 0 or t == self.cfg.train.steps - 1:
             self.writer.loss_scalars(metrics, t)
             self.writer.layer_scalars("prores/alpha", alphas, t)
-        if t % self.cfg.logging.stats_interval == 0:
+        if collect_stats:
             self.writer.layer_scalars("layers/act_rms", self.stats.collect(), t)
         return metrics
 

@@ -8,7 +8,7 @@ Tags (layer numbers are global, 1-based, 3 digits):
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Mapping
 
 
 def layer_tag(prefix: str, layer: int) -> str:
