@@ -35,6 +35,14 @@ def _cmd_train(args) -> int:
     return 0
 
 
+def _cmd_preprocess(args) -> int:
+    from prores.data.preprocess import preprocess
+
+    preprocess(args.inputs, args.output_prefix, json_key=args.json_key, tokenizer=args.tokenizer,
+               workers=args.workers, on_bad_line=args.on_bad_line)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="prores", description=__doc__)
     # the deepspeed launcher passes --local_rank=N before the subcommand; LOCAL_RANK says the same
@@ -47,6 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", default=None, help="where events, config.yaml and checkpoints go"
                                                    " (default: runs/<config name>)")
     p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("preprocess", help="jsonl or text files -> Megatron PREFIX.bin / PREFIX.idx")
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help=".jsonl (one JSON object per line) or text files")
+    p.add_argument("--output-prefix", required=True, metavar="PREFIX")
+    p.add_argument("--json-key", default="text", help="the text field of each jsonl object (default: text)")
+    p.add_argument("--tokenizer", default="byte", help="'byte' or a local tokenizer.json (default: byte)")
+    p.add_argument("--workers", type=int, default=1, help="tokenizer processes (default: 1)")
+    p.add_argument("--on-bad-line", choices=("skip", "fail"), default="skip",
+                   help="a malformed jsonl line is reported and skipped (default) or stops the run")
+    p.set_defaults(func=_cmd_preprocess)
     return parser
 
 
