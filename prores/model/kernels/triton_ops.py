@@ -29,15 +29,20 @@ Tensor = torch.Tensor
 
 
 @triton.jit
-def _fwd(X, F, ALPHA, W, B, H, Y, MEAN, RSTD, M, N, eps,
-         HAS_F: tl.constexpr, HAS_ALPHA: tl.constexpr, HAS_BIAS: tl.constexpr, RMS: tl.constexpr,
-         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+def _tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Rows and columns of program ``pid``'s [BLOCK_M, BLOCK_N] tile of a row-major [M, N] tensor."""
+    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     row_ok = rows < M
     col_ok = cols < N
-    mask = row_ok[:, None] & col_ok[None, :]
-    offs = rows[:, None] * N + cols[None, :]
+    return rows, cols, row_ok, col_ok, row_ok[:, None] & col_ok[None, :], rows[:, None] * N + cols[None, :]
+
+
+@triton.jit
+def _fwd(X, F, ALPHA, W, B, H, Y, MEAN, RSTD, M, N, eps,
+         HAS_F: tl.constexpr, HAS_ALPHA: tl.constexpr, HAS_BIAS: tl.constexpr, RMS: tl.constexpr,
+         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows, cols, row_ok, col_ok, mask, offs = _tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N)
     x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_F:
         f = tl.load(F + offs, mask=mask, other=0.0).to(tl.float32)
@@ -67,12 +72,7 @@ def _bwd(H, DY, DH, ALPHA, W, MEAN, RSTD, DX, DF, DW_PART, DB_PART, M, N,
          HAS_DH: tl.constexpr, HAS_F: tl.constexpr, HAS_ALPHA: tl.constexpr, HAS_BIAS: tl.constexpr,
          RMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid = tl.program_id(0)
-    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
-    row_ok = rows < M
-    col_ok = cols < N
-    mask = row_ok[:, None] & col_ok[None, :]
-    offs = rows[:, None] * N + cols[None, :]
+    rows, cols, row_ok, col_ok, mask, offs = _tile(pid, M, N, BLOCK_M, BLOCK_N)
     h = tl.load(H + offs, mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
