@@ -1,4 +1,4 @@
-"""``prores`` console script: ``prores train [CONFIG] [--set KEY=VALUE ...] [--run-dir DIR]``."""
+"""The ``prores`` console script: ``prores train`` and ``prores preprocess``."""
 
 from __future__ import annotations
 
@@ -44,7 +44,9 @@ def _cmd_preprocess(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="prores", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="prores", description="Train very deep transformers with Progressive Residual Warmup.",
+        epilog="Run `prores COMMAND --help` for the options of one command.")
     # the deepspeed launcher passes --local_rank=N before the subcommand; LOCAL_RANK says the same
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
