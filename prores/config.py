@@ -179,6 +179,8 @@ def _check_field(key: str, value: Any, meta: dict) -> None:
 
 
 def _build(cls, data: dict, prefix: str):
+    if data is None:  # an empty YAML section (`model:` with nothing under it)
+        data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {data!r}.")
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -208,7 +210,9 @@ def apply_override(data: dict, assignment: str) -> None:
     parts = path.strip().split(".")
     node = data
     for part in parts[:-1]:
-        node = node.setdefault(part, {})
+        if node.get(part) is None:
+            node[part] = {}
+        node = node[part]
         if not isinstance(node, dict):
             raise ConfigError(f"--set {assignment!r}: '{part}' is not a section.")
     try:

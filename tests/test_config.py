@@ -86,3 +86,10 @@ def test_cli_prints_one_line_and_no_traceback():
             ["num_layers", "hidden_size", "ffn_hidden_size", "num_heads", "seq_length", "dropout", "norm_layout",
              "norm", "norm_eps", "init", "init_std", "position", "rope_base", "mlp", "tie_embeddings",
              "vocab_multiple"]) + ".")
+
+
+def test_empty_sections_and_overrides_into_them(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\nprores:\n  schedule: equal\n")
+    cfg = load_config(path, ("model.num_layers=24",))
+    assert cfg.model.num_layers == 24 and cfg.model.hidden_size == 128 and cfg.prores.schedule == "equal"
