@@ -78,7 +78,7 @@ def test_logged_alpha_is_the_schedule_at_the_logged_step(run):
             assert value == pytest.approx(prores.alpha(l, step), abs=1e-7), (l, step)
 
 
-def test_act_rms_grows_from_identity_start(run):
+def test_act_rms_at_step_0_is_the_embedding_for_every_layer(run):
     """At t=0 every alpha is 0, so each pre-LN block passes the embedding through unchanged."""
     _, scalars, _ = run
     rms0 = [scalars[f"layers/act_rms/layer_{l:03d}"][0] for l in range(1, 13)]
