@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -76,8 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except UsageError as exc:
-        if os.environ.get("RANK", "0") == "0":  # every rank fails alike; say it once
-            print(f"prores: error: {exc}", file=sys.stderr)
+        # Every rank fails alike; rank 0 says it once. The others linger a moment so that a
+        # launcher tearing the job down on the first exit does not kill rank 0 mid-message.
+        if os.environ.get("RANK", "0") == "0":
+            print(f"prores: error: {exc}", file=sys.stderr, flush=True)
+        else:
+            time.sleep(3)
         return 2
 
 
