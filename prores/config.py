@@ -82,11 +82,15 @@ class OptimConfig:
 
 @dataclass
 class DataConfig:
-    corpus: str = _key("shakespeare", help="'shakespeare' or a .txt / .jsonl path")
+    paths: list = _key([], help="indexed dataset prefixes (PREFIX.bin/.idx); empty: use data.corpus")
+    weights: list = _key([], help="blend weights, one per path; empty: in proportion to size")
+    corpus: str = _key("shakespeare", help="raw text used when data.paths is empty: 'shakespeare' or a"
+                                           " .txt / .md / .jsonl file, preprocessed once into the run's cache")
+    split: str = _key("95,5,0", help="train,valid,test shares of the documents of every path (Megatron --split)")
+    eval: dict = _key({}, help="held-out sets, name: PREFIX or text file; logged as eval/<name>/loss|ppl")
     tokenizer: str = _key("byte", help="'byte' or a local tokenizer.json path")
     json_key: str = _key("text")
-    valid_fraction: float = _key(0.05, minimum=0.0)
-    eval_batches: int = _key(8, minimum=1)
+    eval_batches: int = _key(8, minimum=1, help="batches per evaluation of the validation split and each eval set")
 
 
 @dataclass
@@ -261,8 +265,7 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"optim.betas: expected two numbers, got {cfg.optim.betas!r}.")
     if not 0.0 <= cfg.optim.decay_fraction <= 1.0:
         raise ConfigError(f"optim.decay_fraction={cfg.optim.decay_fraction} must lie in [0, 1].")
-    if not 0.0 <= cfg.data.valid_fraction < 1.0:
-        raise ConfigError(f"data.valid_fraction={cfg.data.valid_fraction} must lie in [0, 1).")
+    _check_data(cfg.data)
     tp = cfg.parallel.tp
     for key, value in (("model.num_heads", m.num_heads), ("model.ffn_hidden_size", m.ffn_hidden_size)):
         if value % tp:
@@ -286,6 +289,26 @@ def validate(cfg: Config) -> Config:
                 f" pipeline stage) that add up to model.num_layers={m.num_layers}, or [] for a uniform split."
             )
     return cfg
+
+
+def _check_data(d: DataConfig) -> None:
+    if d.weights and (len(d.weights) != len(d.paths)
+                      or not all(isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0 for w in d.weights)
+                      or sum(d.weights) <= 0):
+        raise ConfigError(f"data.weights={d.weights}: give one non-negative number per data.paths entry"
+                          f" ({len(d.paths)}), not all zero, or [] to blend in proportion to size.")
+    try:
+        shares = [float(x) for x in d.split.split(",")]
+    except ValueError:
+        shares = []
+    if not 2 <= len(shares) <= 3 or min(shares) < 0 or shares[0] <= 0 or shares[1] <= 0:
+        raise ConfigError(f"data.split={d.split!r}: expected 'train,valid[,test]' shares with train and valid"
+                          " above zero, e.g. '95,5,0'.")
+    for name, source in d.eval.items():
+        if not (isinstance(name, str) and name.replace("_", "").replace("-", "").isalnum()
+                and isinstance(source, str)):
+            raise ConfigError(f"data.eval: {name!r}: {source!r}: each entry is name: PREFIX or text file, with a"
+                              " name of letters, digits, '_' or '-' (it becomes the tag eval/<name>/loss).")
 
 
 def dump_config(cfg: Config, path: Path) -> None:

@@ -44,6 +44,11 @@ def test_int_is_accepted_for_float():
         ("parallel.pp=13", "parallel.pp=13 exceeds model.num_layers=12"),
         ("optim.betas=0.9", "optim.betas: expected a list, got 0.9 (float)."),
         ("model", "--set 'model': expected KEY=VALUE"),
+        ("data.weights=[1.0]", "data.weights=[1.0]: give one non-negative number per data.paths entry (0)"),
+        ("data.split='95'", "data.split='95': expected 'train,valid[,test]' shares"),
+        ("data.split=100,0,0", "with train and valid above zero"),
+        ("data.eval={a b: x}", "data.eval: 'a b': 'x': each entry is name: PREFIX or text file"),
+        ("data.eval=[x]", "data.eval: expected dict, got ['x'] (list)."),
     ],
 )
 def test_bad_values_name_key_value_and_fix(override, message):

@@ -68,11 +68,6 @@ def test_missing_index_is_a_clear_error(world_of_one, tmp_path):
         build([str(tmp_path / "nope")], tmp_path)
 
 
-def test_weights_must_match_paths(world_of_one, prefixes, tmp_path):
-    with pytest.raises(UsageError, match="data.weights has 1 entries for 2 data.paths"):
-        build(prefixes[:2], tmp_path, weights=[1.0])
-
-
 def test_a_split_without_documents_is_an_error_not_a_hang(world_of_one, prefixes, tmp_path):
     with pytest.raises(UsageError, match=r"one_doc' has 1 document\(s\): its valid split \(5%\) gets none"):
         build([prefixes[2]], tmp_path)

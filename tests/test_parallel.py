@@ -8,6 +8,7 @@ must match too.
 
 import glob
 import math
+from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
@@ -28,7 +29,8 @@ WEIGHT_TOL = 1e-4
 COMMON = ("model.num_layers=6", "model.hidden_size=64", "model.ffn_hidden_size=128", "model.num_heads=4",
           "model.seq_length=32", "model.dropout=0.0", "train.precision=fp32", f"train.steps={STEPS}",
           "train.micro_batch_size=4", "train.log_interval=1", "train.eval_interval=5",
-          "optim.warmup_steps=2", "prores.T=2", "data.eval_batches=2", "logging.progress_bar=false")
+          "optim.warmup_steps=2", "prores.T=2", "data.eval_batches=2", "logging.progress_bar=false",
+          f"data.eval.fixture={Path(__file__).parent / 'fixtures' / 'tiny_corpus.jsonl'}")
 UNEVEN = ("model.num_layers=5", "parallel.pp=2", "parallel.stage_layers=[2, 3]")
 
 # name: (launcher, overrides on top of COMMON)
@@ -74,7 +76,7 @@ def runs(tmp_path_factory):
         per_file = scalars_by_file(run_dir)
         merged = {tag: values for f in per_file.values() for tag, values in f.items()}
         results[name] = {"dir": run_dir, "files": per_file, "scalars": merged,
-                         "overrides": COMMON + overrides}
+                         "overrides": COMMON + overrides, "stdout": proc.stdout}
     return results
 
 
@@ -87,7 +89,7 @@ def first_divergence(got: dict, want: dict, rtol: float):
 
 
 @pytest.mark.parametrize("name", [n for n in LAYOUTS if not n.startswith("1x1x1")])
-@pytest.mark.parametrize("tag", ["train/loss", "train/grad_norm", "valid/loss"])
+@pytest.mark.parametrize("tag", ["train/loss", "train/grad_norm", "valid/loss", "eval/fixture/loss"])
 def test_same_curve_as_one_process(runs, name, tag):
     if runs[name] is None:
         pytest.skip(NO_SLURM)
@@ -116,6 +118,14 @@ def test_final_weights_match_after_gathering(runs, name, world_of_one):
         assert err <= WEIGHT_TOL, f"{name} {key}: normwise diff {err:.3e}"
         worst = max(worst, err)
     print(f"{name}: worst normwise weight diff {worst:.2e}")
+
+
+def test_raw_text_is_preprocessed_once_by_rank_0(runs):
+    """4 ranks share one run directory: the corpus and the eval file are each tokenized once."""
+    lines = [l for l in runs["tp2pp2"]["stdout"].splitlines() if "prores preprocess:" in l]
+    assert len(lines) == 2, lines
+    assert sum("/cache/text/shakespeare-" in l for l in lines) == 1
+    assert sum("/cache/text/tiny_corpus-" in l for l in lines) == 1
 
 
 def test_alpha_written_once_per_layer_by_the_owning_stage(runs):

@@ -15,10 +15,9 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from conftest import run_cli
 from prores.config import load_config
-from prores.data.batches import PackedSamples, TrainBatches, split_documents
-from prores.data.corpus import load_documents
 from prores.data.tokenizers import ByteTokenizer
 from prores.launcher.lr import LR_SCHEDULES
+from prores.launcher.train import run_data
 from prores.model.block import Block
 from prores.model.gpt import gpt_pieces, lm_loss
 from prores.model.prores import ProRes
@@ -95,12 +94,10 @@ def test_resolved_config_is_written(run):
 
 def test_first_steps_match_a_plain_pytorch_reference(run, world_of_one):
     """Same pieces, same data, torch AdamW + clip_grad_norm_: loss, pre-clip grad norm and lr per step."""
-    _, scalars, _ = run
+    run_dir, scalars, _ = run
     cfg = load_config(None, OVERRIDES)
     tok = ByteTokenizer()
-    splits = split_documents(load_documents(cfg.data.corpus), tok, cfg.data.valid_fraction)
-    data = TrainBatches(PackedSamples(splits.train, cfg.model.seq_length), cfg.train.micro_batch_size,
-                        cfg.train.seed)
+    data = run_data(cfg, run_dir, tok).train  # the run's own cached dataset
     prores = ProRes(cfg.prores.schedule, cfg.prores.T, cfg.model.num_layers)
     modules = [p.cls(**p.kwargs) for p in gpt_pieces(cfg.model, prores, tok.vocab_size, cfg.train.seed)]
     params = [p for m in modules for p in m.parameters()]

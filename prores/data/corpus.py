@@ -1,12 +1,15 @@
-"""Raw documents: the packaged Shakespeare corpus, a plain text file, or jsonl."""
+"""Raw text sources: the packaged Shakespeare corpus, or text / Markdown / jsonl files.
+
+A raw source is never trained on directly: :mod:`prores.data.sources`
+preprocesses it once into an indexed dataset, the same format as ``data.paths``.
+"""
 
 from __future__ import annotations
 
-from prores.errors import UsageError
-
 import importlib.util
-import json
 from pathlib import Path
+
+from prores.errors import UsageError
 
 SHAKESPEARE = "shakespeare"
 
@@ -26,29 +29,12 @@ def shakespeare_files() -> list[Path]:
     return files
 
 
-def _clean_markdown(text: str) -> str:
-    # Markdown hard line breaks are two trailing spaces: pure noise for a language model.
-    return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
-
-
-def load_documents(corpus: str, json_key: str = "text") -> list[str]:
+def corpus_files(corpus: str) -> list[Path]:
+    """The files of a raw source: 'shakespeare' or one existing file (jsonl: a document per line)."""
     if corpus == SHAKESPEARE:
-        return [_clean_markdown(p.read_text(encoding="utf-8")) for p in shakespeare_files()]
+        return shakespeare_files()
     path = Path(corpus)
     if not path.is_file():
-        raise UsageError(f"data.corpus={corpus!r}: no such file; use 'shakespeare', a .txt or a .jsonl path.")
-    if path.suffix != ".jsonl":
-        return [path.read_text(encoding="utf-8")]
-    docs = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                docs.append(json.loads(line)[json_key])
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise UsageError(
-                    f"{path}:{lineno}: bad jsonl line ({type(exc).__name__}: {exc}); each line must be a JSON"
-                    f" object with a {json_key!r} string (set data.json_key to change the key)."
-                ) from None
-    return docs
+        raise UsageError(f"{corpus!r}: no such file; use 'shakespeare', a .txt, .md or .jsonl file,"
+                         " or an indexed dataset PREFIX (PREFIX.bin/.idx).")
+    return [path]

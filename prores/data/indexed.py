@@ -4,13 +4,11 @@ Megatron-core does the work: ``BlendedMegatronDatasetBuilder`` builds one
 ``GPTDataset`` per prefix (its index caches go to ``cache_dir``, so the data
 directory may be read-only) and blends them by weight. Rank 0 builds the
 caches first and the others load them (the builder's own protocol when
-torch.distributed is initialised). :class:`IndexedSamples` exposes the result
-with the same interface as :class:`prores.data.batches.PackedSamples`, so
-:class:`prores.data.batches.TrainBatches` addresses it by a global sample
-counter: dp-invariant and resumable.
-
-Not yet wired into ``prores train`` (see the issue note): this is the piece
-that will replace the in-memory packing.
+torch.distributed is initialised). GPTDataset shuffles with the seed, so the
+sample order is fixed by (data, seed, sizes). :class:`IndexedSamples` exposes
+a dataset as batches by sample index, which
+:class:`prores.data.batches.TrainBatches` addresses by a global counter:
+dp-invariant and resumable.
 """
 
 from __future__ import annotations
@@ -22,40 +20,18 @@ import torch
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDataset
-from megatron.core.datasets.megatron_tokenizer import MegatronLegacyTokenizer
 
 from prores.errors import UsageError
 
 
-class MegatronTokenizer(MegatronLegacyTokenizer):
-    """What GPTDataset needs of a tokenizer (eod, pad, vocab size), from one of ours."""
+class MegatronTokenizer:
+    """What GPTDataset reads of a tokenizer: eod, pad, vocab size, and the identity it hashes into
+    its cache names. (Megatron's MegatronLegacyTokenizer base logs a deprecation warning on every build.)"""
 
     def __init__(self, tokenizer):
-        super().__init__(tokenizer.name)
-        self._tok = tokenizer
-
-    @property
-    def vocab_size(self) -> int:
-        return self._tok.vocab_size
-
-    @property
-    def vocab(self):
-        raise NotImplementedError("not needed by GPTDataset")
-
-    @property
-    def inv_vocab(self):
-        raise NotImplementedError("not needed by GPTDataset")
-
-    def tokenize(self, text: str):
-        return self._tok.encode(text).tolist()
-
-    @property
-    def eod(self) -> int:
-        return self._tok.eod
-
-    @property
-    def pad(self) -> int:
-        return getattr(self._tok, "pad", self._tok.eod)
+        self.vocab_size, self.eod = tokenizer.vocab_size, tokenizer.eod
+        self.pad = getattr(tokenizer, "pad", -1)  # -1: megatron-core's own "no pad token"
+        self.unique_identifiers = {"class": "prores", "tokenizer_path": [tokenizer.name]}
 
 
 def check_prefixes(prefixes: Sequence[str]) -> None:
@@ -66,12 +42,9 @@ def check_prefixes(prefixes: Sequence[str]) -> None:
                                  f" with `prores preprocess INPUT... --output-prefix {prefix}`.")
 
 
-def build_gpt_datasets(prefixes: Sequence[str], weights: Optional[Sequence[float]], tokenizer, *, seq_length: int,
-                       seed: int, cache_dir: Path, num_train: int, num_valid: int, split: str = "95,5,0"):
-    """(train, valid) blended GPT datasets with at least ``num_train`` / ``num_valid`` samples."""
+def _gpt_config(prefixes: Sequence[str], weights, tokenizer, seq_length: int, seed: int, cache_dir: Path,
+                split: str) -> GPTDatasetConfig:
     check_prefixes(prefixes)
-    if weights is not None and len(weights) != len(prefixes):
-        raise UsageError(f"data.weights has {len(weights)} entries for {len(prefixes)} data.paths; give one each.")
     config = GPTDatasetConfig(
         random_seed=seed, sequence_length=seq_length, split=split, path_to_cache=str(cache_dir),
         blend=(list(prefixes), None if weights is None else [float(w) for w in weights]),
@@ -79,18 +52,34 @@ def build_gpt_datasets(prefixes: Sequence[str], weights: Optional[Sequence[float
         eod_mask_loss=False, create_attention_mask=False,
     )
     _check_split_documents(prefixes, config.split_matrix)
+    return config
+
+
+def build_gpt_datasets(prefixes: Sequence[str], weights: Optional[Sequence[float]], tokenizer, *, seq_length: int,
+                       seed: int, cache_dir: Path, num_train: int, num_valid: int, split: str = "95,5,0"):
+    """(train, valid) blended GPT datasets with at least ``num_train`` / ``num_valid`` samples."""
+    config = _gpt_config(prefixes, weights, tokenizer, seq_length, seed, cache_dir, split)
     # Sizes must be 0, not None, for an unused split when weights are given.
     train, valid, _ = BlendedMegatronDatasetBuilder(GPTDataset, [num_train, num_valid, 0], lambda: True,
                                                     config).build()
     return train, valid
 
 
+def build_eval_dataset(prefix: str, tokenizer, *, seq_length: int, seed: int, cache_dir: Path):
+    """All of one indexed dataset as a held-out set: one epoch, no sample repeated."""
+    config = _gpt_config([prefix], None, tokenizer, seq_length, seed, cache_dir, "100,0,0")
+    return BlendedMegatronDatasetBuilder(GPTDataset, [None, None, None], lambda: True, config).build()[0]
+
+
 def _check_split_documents(prefixes: Sequence[str], split_matrix) -> None:
-    """Every prefix needs >= 1 document in the train and valid splits: with none, megatron-core
-    0.16.1's GPTDataset._get_num_epochs loops forever (0 tokens per epoch)."""
+    """Every prefix needs >= 1 document in each used split: with none, megatron-core 0.16.1's
+    GPTDataset._get_num_epochs loops forever (0 tokens per epoch)."""
     for prefix in prefixes:
         num_docs = len(IndexedDataset(prefix).document_indices) - 1
-        for name, (begin, end) in zip(("train", "valid"), split_matrix[:2]):
+        for name, bounds in zip(("train", "valid"), split_matrix[:2]):
+            if bounds is None:
+                continue
+            begin, end = bounds
             if int(round(end * num_docs)) - int(round(begin * num_docs)) < 1:
                 raise UsageError(
                     f"indexed dataset '{prefix}' has {num_docs} document(s): its {name} split"

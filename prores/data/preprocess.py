@@ -11,6 +11,7 @@ temporary names and renamed at the end: a failed run leaves nothing behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -63,8 +64,11 @@ def _text_items(path: Path, report: Report) -> Iterator[tuple[str, bool]]:
     """One document per file, yielded in chunks of whole lines; the last chunk ends the document."""
     chunk: list[str] = []
     size = 0
+    markdown = path.suffix == ".md"
     with path.open(encoding="utf-8") as fh:
         for line in fh:
+            if markdown:  # hard line breaks are two trailing spaces: noise to a language model
+                line = line.rstrip() + "\n"
             chunk.append(line)
             size += len(line)
             if size >= TEXT_CHUNK_BYTES:
@@ -117,9 +121,16 @@ def preprocess(inputs: list[str], output_prefix: str, json_key: str = "text", to
         from tqdm import tqdm
 
         bar = tqdm(unit="doc", desc="preprocess", dynamic_ncols=True)
+    items = iter_items(paths, json_key, on_bad_line, report)
     try:
-        with multiprocessing.Pool(workers, _init_worker, (tokenizer,)) as pool:
-            for ids, ends in pool.imap(_encode, iter_items(paths, json_key, on_bad_line, report), chunksize=16):
+        with contextlib.ExitStack() as stack:
+            if workers == 1:  # no fork: `prores train` calls this from a process that holds threads
+                _init_worker(tokenizer)
+                encoded = map(_encode, items)
+            else:
+                pool = stack.enter_context(multiprocessing.Pool(workers, _init_worker, (tokenizer,)))
+                encoded = pool.imap(_encode, items, chunksize=16)
+            for ids, ends in encoded:
                 builder.add_item(torch.from_numpy(ids))
                 report.items += 1
                 report.tokens += len(ids)

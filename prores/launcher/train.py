@@ -21,8 +21,7 @@ from megatron.core import parallel_state
 
 from prores.config import Config, dump_config
 from prores.errors import UsageError
-from prores.data.batches import PackedSamples, TrainBatches, split_documents, valid_batches
-from prores.data.corpus import load_documents
+from prores.data.sources import build_run_data
 from prores.data.tokenizers import load_tokenizer
 from prores.launcher.lr import LR_SCHEDULES
 from prores.model import fused
@@ -83,6 +82,18 @@ def lr_lambda(cfg: Config):
     return lambda step: fn(step, cfg.train.steps, o.warmup_steps, o.min_lr_ratio, o.decay_fraction)
 
 
+def global_batch(cfg: Config, dp: int) -> int:
+    return cfg.train.micro_batch_size * cfg.train.grad_accum * dp
+
+
+def run_data(cfg: Config, run_dir: Path, tokenizer, dp_rank: int = 0, dp: int = 1):
+    """The run's batches; dataset caches (and the preprocessed raw corpus) live in run_dir/cache."""
+    return build_run_data(cfg.data, tokenizer, seq_length=cfg.model.seq_length,
+                          micro_batch_size=cfg.train.micro_batch_size,
+                          train_samples=cfg.train.steps * global_batch(cfg, dp), seed=cfg.train.seed,
+                          cache_dir=run_dir / "cache", dp_rank=dp_rank, dp_size=dp)
+
+
 class Trainer:
     def __init__(self, cfg: Config, run_dir: Path):
         import deepspeed
@@ -92,14 +103,7 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)  # dropout masks; weights are seeded per parameter
 
         tokenizer = load_tokenizer(cfg.data.tokenizer)
-        splits = split_documents(load_documents(cfg.data.corpus, cfg.data.json_key), tokenizer,
-                                 cfg.data.valid_fraction)
-        self.unigram_entropy = splits.unigram_entropy()
-        seq = cfg.model.seq_length
-        self.train_data = TrainBatches(PackedSamples(splits.train, seq), cfg.train.micro_batch_size,
-                                       cfg.train.seed, self.topo.dp_rank, self.topo.dp)
-        self.valid_data = valid_batches(PackedSamples(splits.valid, seq), cfg.train.micro_batch_size,
-                                        cfg.data.eval_batches, self.topo.dp_rank, self.topo.dp)
+        self.data = run_data(cfg, run_dir, tokenizer, self.topo.dp_rank, self.topo.dp)
 
         m = cfg.model
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -116,7 +120,7 @@ class Trainer:
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
         self.engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler,
                                                     config=deepspeed_config(cfg))
-        self.tokens_per_step = cfg.train.micro_batch_size * cfg.train.grad_accum * self.topo.dp * seq
+        self.tokens_per_step = global_batch(cfg, self.topo.dp) * cfg.model.seq_length
         self.writer = RunWriter(run_dir, self.topo.rank, self.topo.is_loss_writer, self.topo.is_stage_writer)
         self.stats = LayerStats(self.blocks)
 
@@ -136,7 +140,7 @@ class Trainer:
         collect_stats = t % self.cfg.logging.stats_interval == 0
         self.stats.active = collect_stats
         start = time.perf_counter()
-        loss = float(self.engine.train_batch(iter(self.train_data)))
+        loss = float(self.engine.train_batch(self.data.train))
         elapsed = time.perf_counter() - start
         self.stats.active = False
         grad_norm = self.engine.get_global_grad_norm()
@@ -151,16 +155,20 @@ class Trainer:
         return metrics
 
     def evaluate(self) -> float:
+        """Mean loss on the validation split and on every eval set; returns the validation loss."""
         t = self.step
         self.set_alpha(t)
-        losses = [float(self.engine.eval_batch(iter([batch]), num_micro_batches=1)) for batch in self.valid_data]
-        loss = sum(losses) / len(losses)
-        self.writer.loss_scalars({"valid/loss": loss, "valid/ppl": math.exp(min(loss, 50.0))}, t)
-        return loss
+        metrics = {}
+        for tag, batches in [("valid", self.data.valid)] + [(f"eval/{n}", b) for n, b in self.data.evals.items()]:
+            losses = [float(self.engine.eval_batch(iter([batch]), num_micro_batches=1)) for batch in batches]
+            loss = sum(losses) / len(losses)
+            metrics.update({f"{tag}/loss": loss, f"{tag}/ppl": math.exp(min(loss, 50.0))})
+        self.writer.loss_scalars(metrics, t)
+        return metrics["valid/loss"]
 
     def save(self) -> None:
         self.engine.save_checkpoint(str(self.run_dir / "checkpoints"), tag=f"global_step{self.step}",
-                                    client_state={"data": self.train_data.state_dict(),
+                                    client_state={"data": self.data.train.state_dict(),
                                                   "config": self.cfg.to_dict()})
 
     def fit(self) -> Summary:
@@ -183,7 +191,7 @@ class Trainer:
                 valid_loss = self.evaluate()
                 if bar is not None:
                     bar.write(f"step {self.step}: valid loss {valid_loss:.4f}"
-                              f" (unigram entropy {self.unigram_entropy:.4f})")
+                              f" (unigram entropy {self.data.unigram_entropy:.4f})")
             interval = cfg.train.checkpoint_interval
             if done or (interval and self.step % interval == 0):
                 self.save()
@@ -191,7 +199,7 @@ class Trainer:
             bar.close()
         self.writer.close()
         steady = tok_s[len(tok_s) // 2:] or [float("nan")]  # skip warm-up steps
-        return Summary(steps=self.step, final_valid_loss=valid_loss, unigram_entropy=self.unigram_entropy,
+        return Summary(steps=self.step, final_valid_loss=valid_loss, unigram_entropy=self.data.unigram_entropy,
                        tokens_per_sec=sum(steady) / len(steady))
 
 
