@@ -102,7 +102,13 @@ class TrainConfig:
     log_interval: int = _key(10, minimum=1)
     eval_interval: int = _key(100, minimum=1)
     precision: str = _key("fp32", choices=("fp32", "bf16"))
-    checkpoint_interval: int = _key(0, minimum=0, help="0: save only at the end")
+
+
+@dataclass
+class CheckpointConfig:
+    interval: int = _key(0, minimum=0, help="steps between checkpoints; 0: only at the end (and on a stop signal)")
+    keep_last: int = _key(2, minimum=0, help="keep the newest N checkpoints; 0: keep all")
+    keep_every: int = _key(0, minimum=0, help="also keep every checkpoint whose step is a multiple of K; 0: none")
 
 
 @dataclass
@@ -131,6 +137,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     kernels: KernelsConfig = field(default_factory=KernelsConfig)

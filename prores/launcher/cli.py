@@ -30,9 +30,12 @@ def _cmd_train(args) -> int:
     from prores.config import load_config
     from prores.launcher.train import train
 
+    if args.overwrite and not args.no_resume:
+        raise UsageError("--overwrite goes with --no-resume (start afresh, deleting the old checkpoints);"
+                         " without --no-resume `prores train` resumes.")
     cfg = load_config(args.config, tuple(args.set))
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / Path(args.config or "tiny").stem
-    train(cfg, run_dir)
+    train(cfg, run_dir, resume=not args.no_resume, overwrite=args.overwrite)
     return 0
 
 
@@ -56,7 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one config key, e.g. --set model.num_layers=48 (repeatable)")
     p.add_argument("--run-dir", default=None, help="where events, config.yaml and checkpoints go"
-                                                   " (default: runs/<config name>)")
+                                                   " (default: runs/<config name>); a run directory with"
+                                                   " checkpoints is resumed from the newest good one")
+    p.add_argument("--no-resume", action="store_true",
+                   help="start fresh; refused if the run directory has checkpoints, unless --overwrite")
+    p.add_argument("--overwrite", action="store_true",
+                   help="with --no-resume: delete the run directory's checkpoints and events first")
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("preprocess", help="jsonl or text files -> Megatron PREFIX.bin / PREFIX.idx")

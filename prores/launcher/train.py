@@ -23,7 +23,9 @@ from prores.config import Config, dump_config
 from prores.errors import UsageError
 from prores.data.sources import build_run_data
 from prores.data.tokenizers import load_tokenizer
+from prores.launcher.checkpoint import Checkpoints, Found, tag_of
 from prores.launcher.lr import LR_SCHEDULES
+from prores.launcher.slurm import StopSignals, requeue
 from prores.model import fused
 from prores.model.block import Block
 from prores.model.gpt import gpt_pieces, lm_loss
@@ -41,6 +43,7 @@ class Summary:
     final_valid_loss: float
     unigram_entropy: float
     tokens_per_sec: float
+    stopped: bool = False  # by a stop signal, before train.steps
 
 
 def clips_itself(cfg: Config) -> bool:
@@ -94,13 +97,42 @@ def run_data(cfg: Config, run_dir: Path, tokenizer, dp_rank: int = 0, dp: int = 
                           cache_dir=run_dir / "cache", dp_rank=dp_rank, dp_size=dp)
 
 
+def check_resumable(found: Found, cfg: Config) -> None:
+    """Resuming changes dp freely; tp, pp and the model must be the ones the checkpoint was written with."""
+    saved = found.manifest["parallel"]
+    if (saved["tp"], saved["pp"]) != (cfg.parallel.tp, cfg.parallel.pp):
+        raise UsageError(
+            f"checkpoint {found.path} was written with parallel.tp={saved['tp']} parallel.pp={saved['pp']}, this"
+            f" run has tp={cfg.parallel.tp} pp={cfg.parallel.pp}. A resume may change dp (the number of"
+            f" processes) but not tp or pp: use --set parallel.tp={saved['tp']} --set parallel.pp={saved['pp']},"
+            " or start a new --run-dir."
+        )
+    model = found.manifest["config"]["model"]
+    changed = [f"model.{k}: {model.get(k)!r} -> {v!r}" for k, v in cfg.to_dict()["model"].items() if model.get(k) != v]
+    if changed:
+        raise UsageError(f"checkpoint {found.path} holds a different model ({'; '.join(changed)});"
+                         " resume with the same model keys, or start a new --run-dir.")
+
+
 class Trainer:
-    def __init__(self, cfg: Config, run_dir: Path):
+    """Builds everything for one run directory; resumes from its newest good checkpoint unless told not to.
+
+    ``overwrite`` (with ``resume=False``): the run directory's checkpoints, events and summary are deleted
+    first.
+    """
+
+    def __init__(self, cfg: Config, run_dir: Path, resume: bool = True, overwrite: bool = False):
         import deepspeed
 
         self.cfg, self.run_dir = cfg, run_dir
         self.topo = topo_mod.init(cfg.parallel.tp, cfg.parallel.pp)
         torch.manual_seed(cfg.train.seed)  # dropout masks; weights are seeded per parameter
+        self.checkpoints = Checkpoints(run_dir / "checkpoints", cfg.checkpoint.keep_last, cfg.checkpoint.keep_every)
+        if overwrite and not resume:
+            self.checkpoints.remove_all()
+            if self.topo.rank == 0:
+                for old in [*run_dir.glob("events.out.tfevents.*"), run_dir / "summary.json"]:
+                    old.unlink(missing_ok=True)
 
         tokenizer = load_tokenizer(cfg.data.tokenizer)
         self.data = run_data(cfg, run_dir, tokenizer, self.topo.dp_rank, self.topo.dp)
@@ -120,9 +152,31 @@ class Trainer:
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
         self.engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler,
                                                     config=deepspeed_config(cfg))
+        self.device = device
         self.tokens_per_step = global_batch(cfg, self.topo.dp) * cfg.model.seq_length
-        self.writer = RunWriter(run_dir, self.topo.rank, self.topo.is_loss_writer, self.topo.is_stage_writer)
+        if resume:
+            self.resume()
+        self.writer = RunWriter(run_dir, self.topo.rank, self.topo.is_loss_writer, self.topo.is_stage_writer,
+                                resume_step=self.step)
         self.stats = LayerStats(self.blocks)
+
+    def say(self, message: str) -> None:
+        if self.topo.rank == 0:
+            print(message, flush=True)
+
+    def resume(self) -> None:
+        found = self.checkpoints.newest_good(self.say)
+        if found is None:
+            return
+        check_resumable(found, self.cfg)
+        path, client = self.engine.load_checkpoint(str(self.checkpoints.root), tag=found.path.name)
+        if path is None:
+            raise UsageError(f"DeepSpeed could not load checkpoint {found.path}; start a new --run-dir.")
+        self.data.train.load_state_dict(client["data"])
+        same_world = self.checkpoints.load_rng(found)
+        saved_dp = found.manifest["parallel"]["dp"]
+        self.say(f"resuming from step {self.step}: {found.path}"
+                 + ("" if same_world else f" (dp {saved_dp} -> {self.topo.dp}; RNG streams start afresh)"))
 
     @property
     def step(self) -> int:
@@ -144,7 +198,8 @@ class Trainer:
         elapsed = time.perf_counter() - start
         self.stats.active = False
         grad_norm = self.engine.get_global_grad_norm()
-        metrics = {"train/loss": loss, "train/lr": lr, "train/tokens_per_sec": self.tokens_per_step / elapsed}
+        metrics = {"train/loss": loss, "train/lr": lr, "train/tokens_per_sec": self.tokens_per_step / elapsed,
+                   "train/samples": float(self.data.train.consumed)}
         if grad_norm is not None:
             metrics["train/grad_norm"] = float(grad_norm)
         if t % self.cfg.train.log_interval == 0 or t == self.cfg.train.steps - 1:
@@ -166,54 +221,70 @@ class Trainer:
         self.writer.loss_scalars(metrics, t)
         return metrics["valid/loss"]
 
-    def save(self) -> None:
-        self.engine.save_checkpoint(str(self.run_dir / "checkpoints"), tag=f"global_step{self.step}",
-                                    client_state={"data": self.data.train.state_dict(),
-                                                  "config": self.cfg.to_dict()})
+    def save(self) -> Path:
+        t = self.topo
+        return self.checkpoints.save(
+            self.engine, self.step, client_state={"data": self.data.train.state_dict(), "config": self.cfg.to_dict()},
+            meta={"world_size": t.world_size, "parallel": {"tp": t.tp, "pp": t.pp, "dp": t.dp},
+                  "config": self.cfg.to_dict()})
 
     def fit(self) -> Summary:
+        """Train to ``train.steps``, or until a stop signal: then save, requeue under Slurm, and return."""
         cfg = self.cfg
         bar = None
         if cfg.logging.progress_bar and self.topo.is_loss_writer:
             from tqdm import tqdm
 
             bar = tqdm(total=cfg.train.steps, initial=self.step, desc="train", dynamic_ncols=True)
-        valid_loss, tok_s = float("nan"), []
-        while self.step < cfg.train.steps:
-            metrics = self.train_step()
-            tok_s.append(metrics["train/tokens_per_sec"])
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", lr=f"{metrics['train/lr']:.2e}",
-                                tok_s=f"{metrics['train/tokens_per_sec']:.0f}")
-            done = self.step == cfg.train.steps
-            if self.step % cfg.train.eval_interval == 0 or done:
-                valid_loss = self.evaluate()
+        valid_loss, tok_s, stopped = float("nan"), [], False
+        if self.step and self.step % cfg.train.eval_interval == 0:
+            valid_loss = self.evaluate()  # purge_step dropped the interrupted run's entries at this step
+        with StopSignals() as stop:
+            while self.step < cfg.train.steps:
+                metrics = self.train_step()
+                tok_s.append(metrics["train/tokens_per_sec"])
                 if bar is not None:
-                    bar.write(f"step {self.step}: valid loss {valid_loss:.4f}"
-                              f" (unigram entropy {self.data.unigram_entropy:.4f})")
-            interval = cfg.train.checkpoint_interval
-            if done or (interval and self.step % interval == 0):
-                self.save()
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", lr=f"{metrics['train/lr']:.2e}",
+                                    tok_s=f"{metrics['train/tokens_per_sec']:.0f}")
+                done = self.step == cfg.train.steps
+                if self.step % cfg.train.eval_interval == 0 or done:
+                    valid_loss = self.evaluate()
+                    if bar is not None:
+                        bar.write(f"step {self.step}: valid loss {valid_loss:.4f}"
+                                  f" (unigram entropy {self.data.unigram_entropy:.4f})")
+                interval = cfg.checkpoint.interval
+                saved = done or (interval and self.step % interval == 0)
+                if saved:
+                    self.save()
+                if not done and stop.agreed(self.device):
+                    self.say(f"stop signal ({stop.received or 'on another rank'}): stopping after step {self.step}")
+                    path = self.checkpoints.root / tag_of(self.step) if saved else self.save()
+                    self.say(f"checkpoint {path} saved")
+                    if self.topo.rank == 0:
+                        self.say(requeue())
+                    stopped = True
+                    break
         if bar is not None:
             bar.close()
         self.writer.close()
         steady = tok_s[len(tok_s) // 2:] or [float("nan")]  # skip warm-up steps
         return Summary(steps=self.step, final_valid_loss=valid_loss, unigram_entropy=self.data.unigram_entropy,
-                       tokens_per_sec=sum(steady) / len(steady))
+                       tokens_per_sec=sum(steady) / len(steady), stopped=stopped)
 
 
-def train(cfg: Config, run_dir: Path) -> Summary:
-    if (run_dir / "checkpoints" / "latest").exists():
-        # Until resume lands, refuse rather than mix two runs' events and checkpoints.
-        raise UsageError(f"run directory '{run_dir}' already holds a run (checkpoints/latest);"
-                         " pass a new --run-dir or remove the old one.")
+def train(cfg: Config, run_dir: Path, resume: bool = True, overwrite: bool = False) -> Summary:
+    checkpoints = Checkpoints(run_dir / "checkpoints", 0, 0)
+    if not resume and not overwrite and checkpoints.exist():
+        raise UsageError(f"run directory '{run_dir}' already has checkpoints; without --no-resume `prores train`"
+                         " resumes from the newest, --no-resume --overwrite deletes them and starts afresh,"
+                         " or pass a new --run-dir.")
     run_dir.mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(cfg, run_dir)
+    trainer = Trainer(cfg, run_dir, resume=resume, overwrite=overwrite)
     if trainer.topo.rank == 0:
         dump_config(cfg, run_dir / "config.yaml")
     summary = trainer.fit()
-    if trainer.topo.is_loss_writer:
+    if trainer.topo.is_loss_writer and not summary.stopped:
         (run_dir / "summary.json").write_text(json.dumps(summary.__dict__, indent=2))
         print(f"final valid loss {summary.final_valid_loss:.4f} nats/token"
               f" vs unigram entropy {summary.unigram_entropy:.4f} nats/token"

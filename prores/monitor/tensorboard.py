@@ -1,7 +1,7 @@
 """TensorBoard event files in the run directory, written only by the rank that owns each number.
 
 Tags (layer numbers are global, 1-based, 3 digits):
-``train/loss``, ``train/lr``, ``train/grad_norm`` (before clipping), ``train/tokens_per_sec``,
+``train/loss``, ``train/lr``, ``train/samples``, ``train/grad_norm`` (before clipping), ``train/tokens_per_sec``,
 ``valid/loss``, ``valid/ppl``, ``prores/alpha/layer_XXX``, ``layers/act_rms/layer_XXX``.
 """
 
@@ -22,13 +22,15 @@ class RunWriter:
     file (suffix ``.rankN``) and TensorBoard merges them.
     """
 
-    def __init__(self, run_dir: Path, rank: int, owns_loss: bool, owns_layers: bool):
+    def __init__(self, run_dir: Path, rank: int, owns_loss: bool, owns_layers: bool, resume_step: int = 0):
         self.owns_loss, self.owns_layers = owns_loss, owns_layers
         self._writer = None
         if owns_loss or owns_layers:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(log_dir=str(run_dir), filename_suffix=f".rank{rank}")
+            # purge_step: on resume, TensorBoard drops what the interrupted run logged after the checkpoint
+            self._writer = SummaryWriter(log_dir=str(run_dir), filename_suffix=f".rank{rank}",
+                                         purge_step=resume_step or None)
 
     def scalars(self, values: Mapping[str, float], step: int) -> None:
         if self._writer is not None:

@@ -1,0 +1,190 @@
+"""Checkpoints that survive preemption: DeepSpeed's files, a manifest, fallback and retention.
+
+``RUN/checkpoints/global_step{N}/`` holds what ``engine.save_checkpoint`` writes
+(weights per layer, ZeRO optimizer shards, the client state: data position and
+config; DeepSpeed adds the step and the LR schedule), each rank's RNG states
+(``rng/rank{R}.pt``) and, written last by rank 0 once every rank has finished,
+``manifest.json``: the size and CRC32 of every other file, and the run's
+parallel layout. A directory without a manifest, or whose files disagree with
+it, is not a checkpoint: resume says so, sets it aside as
+``global_step{N}.damaged`` (never deleting it) and takes the previous one.
+``latest`` (DeepSpeed's pointer) is replaced atomically after the manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy
+import torch
+import torch.distributed as dist
+
+MANIFEST = "manifest.json"
+_TAG = re.compile(r"^global_step(\d+)$")
+
+
+def tag_of(step: int) -> str:
+    return f"global_step{step}"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 24):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _files(tag_dir: Path) -> list[str]:
+    return sorted(str(p.relative_to(tag_dir)) for p in tag_dir.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def _gather(local: dict) -> dict:
+    """Union of every rank's dict (each rank works on its own share of the files)."""
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, local)
+    return {k: v for part in parts for k, v in part.items()}
+
+
+def _checksums(tag_dir: Path, files: list[str]) -> dict[str, list[int]]:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = {f: [(tag_dir / f).stat().st_size, _crc32(tag_dir / f)] for f in files[rank::world]}
+    return _gather(mine)
+
+
+def _problem(tag_dir: Path) -> Optional[str]:
+    """Why ``tag_dir`` is not a usable checkpoint, or None. Collective: every rank checks a share."""
+    try:
+        manifest = json.loads((tag_dir / MANIFEST).read_text())
+        expected = manifest["files"]
+    except (OSError, ValueError, KeyError) as exc:
+        return f"no valid {MANIFEST} ({type(exc).__name__}): it was never completed"
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local = {}
+    for name in sorted(expected)[rank::world]:
+        path = tag_dir / name
+        if not path.is_file():
+            local[name] = "is missing"
+        elif path.stat().st_size != expected[name][0]:
+            local[name] = f"has {path.stat().st_size} bytes, {expected[name][0]} were written"
+        elif _crc32(path) != expected[name][1]:
+            local[name] = "does not match its CRC32"
+    bad = _gather(local)
+    return "; ".join(f"{name} {why}" for name, why in sorted(bad.items())) or None
+
+
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": numpy.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    numpy.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+@dataclass
+class Found:
+    step: int
+    path: Path
+    manifest: dict
+
+
+class Checkpoints:
+    """The checkpoints of one run directory. All methods except :meth:`exist` are collective."""
+
+    def __init__(self, root: Path, keep_last: int, keep_every: int):
+        self.root, self.keep_last, self.keep_every = root, keep_last, keep_every
+
+    def _tags(self) -> list[tuple[int, Path]]:
+        """(step, dir) of every global_step{N} directory, newest first."""
+        if not self.root.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in self.root.iterdir() if p.is_dir() and (m := _TAG.match(p.name))]
+        return sorted(found, reverse=True)
+
+    def exist(self) -> bool:
+        return bool(self._tags())
+
+    def save(self, engine, step: int, client_state: dict, meta: dict) -> Path:
+        """Write, then publish: the manifest and ``latest`` appear only after every rank is done."""
+        tag = tag_of(step)
+        tag_dir = self.root / tag
+        engine.save_checkpoint(str(self.root), tag=tag, client_state=client_state, save_latest=False)
+        (tag_dir / "rng").mkdir(parents=True, exist_ok=True)
+        torch.save(_rng_state(), tag_dir / "rng" / f"rank{dist.get_rank()}.pt")
+        dist.barrier()  # every rank's files are on disk
+        sums = _checksums(tag_dir, _files(tag_dir))
+        if dist.get_rank() == 0:
+            _write_atomic(tag_dir / MANIFEST, json.dumps({"step": step, **meta, "files": sums}, indent=1))
+            _write_atomic(self.root / "latest", tag)
+            self._prune(keep=step)
+        dist.barrier()
+        return tag_dir
+
+    def _prune(self, keep: int) -> None:
+        """Rank 0: drop what retention does not keep; the newest ``keep_last`` and every
+        ``keep_every``-th step stay (and the one just written, ``keep``)."""
+        if self.keep_last == 0:
+            return
+        for i, (step, path) in enumerate(self._tags()):
+            if step == keep or i < self.keep_last or (self.keep_every and step % self.keep_every == 0):
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+
+    def newest_good(self, say) -> Optional[Found]:
+        """The newest complete, intact checkpoint; each damaged newer one is reported through
+        ``say`` (rank 0) and moved aside."""
+        for step, path in self._tags():
+            problem = _problem(path)
+            if problem is None:
+                return Found(step, path, json.loads((path / MANIFEST).read_text()))
+            aside = path.with_name(f"{path.name}.damaged")
+            n = 1
+            while aside.exists():
+                n += 1
+                aside = path.with_name(f"{path.name}.damaged{n}")
+            say(f"warning: checkpoint {path} is damaged ({problem}); set aside as {aside.name},"
+                " falling back to the previous checkpoint")
+            dist.barrier()
+            if dist.get_rank() == 0:
+                path.rename(aside)
+            dist.barrier()
+        return None
+
+    @staticmethod
+    def load_rng(found: Found) -> bool:
+        """Restore this rank's RNG states if the checkpoint has them (same world size)."""
+        path = found.path / "rng" / f"rank{dist.get_rank()}.pt"
+        if found.manifest.get("world_size") != dist.get_world_size() or not path.is_file():
+            return False
+        _set_rng_state(torch.load(path, weights_only=False))
+        return True
+
+    def remove_all(self) -> None:
+        """Rank 0 deletes every checkpoint (``--no-resume --overwrite``)."""
+        if dist.get_rank() == 0 and self.root.exists():
+            shutil.rmtree(self.root)
+        dist.barrier()
