@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# A one-node Slurm cluster on this machine, for tests and CI (no systemd needed).
-#   bash slurm/local-cluster.sh up     # install slurm-wlm + munge if missing, start munged, slurmctld, slurmd
+# A two-node Slurm cluster on this machine, for tests and CI (no systemd needed).
+#   bash slurm/local-cluster.sh up     # install slurm-wlm + munge if missing, start munged, slurmctld, 2 slurmd
 #   bash slurm/local-cluster.sh down
+# Nodes n1 and n2 are two slurmd processes on 127.0.0.1 (own ports, /etc/hosts entries); each
+# reports this machine's CPUs. Inside a task, $SLURMD_NODENAME tells them apart (hostname does not).
 # Prints `export SLURM_CONF=...` on success; the same path is used by the tests.
 set -euo pipefail
 STATE=${PRORES_SLURM_DIR:-/tmp/prores-slurm}
@@ -19,7 +21,10 @@ up() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge >&2
   fi
   down
-  mkdir -p "$STATE/spool" "$STATE/state" /run/munge /var/log/munge /var/lib/munge /etc/munge
+  mkdir -p "$STATE/spool/n1" "$STATE/spool/n2" "$STATE/state" /run/munge /var/log/munge /var/lib/munge /etc/munge
+  for n in n1 n2; do
+    grep -qE "^127\.0\.0\.1[[:space:]].*\b$n\b" /etc/hosts || echo "127.0.0.1 $n" >> /etc/hosts
+  done
   if [ ! -s /etc/munge/munge.key ]; then
     dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
   fi
@@ -28,8 +33,8 @@ up() {
   chmod 0400 /etc/munge/munge.key
   chmod 0755 /run/munge
   runuser -u munge -- munged --force
-  local node
-  node=$(slurmd -C | head -n 1 | sed -e 's/NodeName=[^ ]*/NodeName=localhost/')
+  local cpus
+  cpus=$(slurmd -C | head -n 1 | sed -e 's/NodeName=[^ ]* //' -e 's/ *UpTime=.*//')
   cat > "$SLURM_CONF" <<CONF
 ClusterName=prores
 SlurmctldHost=localhost
@@ -45,19 +50,21 @@ JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 MailProg=/bin/true
 ReturnToService=2
-SlurmdSpoolDir=$STATE/spool
+SlurmdSpoolDir=$STATE/spool/%n
 StateSaveLocation=$STATE/state
 SlurmctldPidFile=$STATE/slurmctld.pid
-SlurmdPidFile=$STATE/slurmd.pid
+SlurmdPidFile=$STATE/slurmd-%n.pid
 SlurmctldLogFile=$STATE/slurmctld.log
-SlurmdLogFile=$STATE/slurmd.log
-$node NodeAddr=127.0.0.1 State=UNKNOWN
-PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+SlurmdLogFile=$STATE/slurmd-%n.log
+NodeName=n1 NodeAddr=127.0.0.1 Port=17001 $cpus State=UNKNOWN
+NodeName=n2 NodeAddr=127.0.0.1 Port=17002 $cpus State=UNKNOWN
+PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 CONF
   slurmctld -i
-  slurmd
+  slurmd -N n1
+  slurmd -N n2
   for _ in $(seq 60); do
-    if sinfo -h -o %t 2>/dev/null | grep -qE '^(idle|mix|alloc)'; then
+    if [ "$(sinfo -h -N -o %t 2>/dev/null | grep -cE '^(idle|mix|alloc)')" = 2 ]; then
       echo "export SLURM_CONF=$SLURM_CONF"
       return 0
     fi

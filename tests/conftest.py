@@ -36,8 +36,9 @@ def deepspeed_launcher(n: int) -> list[str]:
     return ["deepspeed", f"--num_gpus={n}", f"--master_port={free_port()}", "--module", "prores"]
 
 
-def srun(n: int) -> list[str]:
-    return ["srun", f"--ntasks={n}", "--overcommit", "--kill-on-bad-exit=1", sys.executable, "-m", "prores"]
+def srun(n: int, nodes: int = 1) -> list[str]:
+    return ["srun", f"--nodes={nodes}", f"--ntasks={n}", "--overcommit", "--kill-on-bad-exit=1",
+            sys.executable, "-m", "prores"]
 
 
 def slurm_available() -> bool:
@@ -50,11 +51,15 @@ def slurm_available() -> bool:
         return False
 
 
-def run_cli(*args, launcher=None, timeout=900, **extra_env) -> subprocess.CompletedProcess:
-    """Run `prores ARGS`: the installed console script, or `-m prores` under a launcher."""
+def cli_command(*args, launcher=None) -> list[str]:
+    """`prores ARGS`: the installed console script, or `-m prores` under a launcher."""
     prefix = launcher or [shutil.which("prores")]
     assert prefix[0], "the `prores` console script is not installed"
-    return subprocess.run([*prefix, *args], capture_output=True, text=True, timeout=timeout,
+    return [*prefix, *args]
+
+
+def run_cli(*args, launcher=None, timeout=900, **extra_env) -> subprocess.CompletedProcess:
+    return subprocess.run(cli_command(*args, launcher=launcher), capture_output=True, text=True, timeout=timeout,
                           env=child_env(**extra_env))
 
 

@@ -45,6 +45,8 @@ LAYOUTS = {
     "1x1x1-5blocks": (None, ("model.num_layers=5",)),
     "pp2-uneven": (torchrun(2), UNEVEN),
     "tp2-srun": (srun(2), ("parallel.tp=2",)),
+    # two slurmd nodes (n1, n2): the rendezvous crosses "nodes" through MASTER_ADDR=n1
+    "dp2-2nodes": (srun(2, nodes=2), ("train.micro_batch_size=2",)),
 }
 NO_SLURM = "no Slurm cluster answers; CI starts one with `bash slurm/local-cluster.sh up`"
 BASELINE = {name: "1x1x1-5blocks" if name == "pp2-uneven" else "1x1x1" for name in LAYOUTS}

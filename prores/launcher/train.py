@@ -35,6 +35,7 @@ from prores.monitor.tensorboard import RunWriter
 from prores.parallel import topology as topo_mod
 from prores.parallel.grad_norm import GlobalNormAdamW
 from prores.parallel.pipeline import build_pipeline, uniform_blocks
+from prores.parallel.zero_reshard import load_with_other_dp
 
 
 @dataclass
@@ -133,6 +134,9 @@ class Trainer:
             if self.topo.rank == 0:
                 for old in [*run_dir.glob("events.out.tfevents.*"), run_dir / "summary.json"]:
                     old.unlink(missing_ok=True)
+        found = self.checkpoints.newest_good(self.say) if resume else None
+        if found is not None:
+            check_resumable(found, cfg)  # before anything is built or written
 
         tokenizer = load_tokenizer(cfg.data.tokenizer)
         self.data = run_data(cfg, run_dir, tokenizer, self.topo.dp_rank, self.topo.dp)
@@ -154,8 +158,8 @@ class Trainer:
                                                     config=deepspeed_config(cfg))
         self.device = device
         self.tokens_per_step = global_batch(cfg, self.topo.dp) * cfg.model.seq_length
-        if resume:
-            self.resume()
+        if found is not None:
+            self.load(found)
         self.writer = RunWriter(run_dir, self.topo.rank, self.topo.is_loss_writer, self.topo.is_stage_writer,
                                 resume_step=self.step)
         self.stats = LayerStats(self.blocks)
@@ -164,17 +168,16 @@ class Trainer:
         if self.topo.rank == 0:
             print(message, flush=True)
 
-    def resume(self) -> None:
-        found = self.checkpoints.newest_good(self.say)
-        if found is None:
-            return
-        check_resumable(found, self.cfg)
-        path, client = self.engine.load_checkpoint(str(self.checkpoints.root), tag=found.path.name)
+    def load(self, found: Found) -> None:
+        saved_dp, root, tag = found.manifest["parallel"]["dp"], self.checkpoints.root, found.path.name
+        if saved_dp == self.topo.dp:
+            path, client = self.engine.load_checkpoint(str(root), tag=tag)
+        else:
+            path, client = load_with_other_dp(self.engine, root, tag, saved_dp)
         if path is None:
             raise UsageError(f"DeepSpeed could not load checkpoint {found.path}; start a new --run-dir.")
         self.data.train.load_state_dict(client["data"])
         same_world = self.checkpoints.load_rng(found)
-        saved_dp = found.manifest["parallel"]["dp"]
         self.say(f"resuming from step {self.step}: {found.path}"
                  + ("" if same_world else f" (dp {saved_dp} -> {self.topo.dp}; RNG streams start afresh)"))
 

@@ -1,0 +1,234 @@
+"""Preemption-safe runs: exact resume after SIGKILL, damaged checkpoints, agreed stops, Slurm requeue.
+
+Run A trains 20 steps straight. Run B is the same command, SIGKILLed right
+after its step-10 checkpoint and started again: steps 11-20 (TensorBoard
+steps 10-19) must repeat A bit for bit - loss, alpha, data position - and the
+final weights must be identical.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from tensorboard.backend.event_processing import event_accumulator
+
+from conftest import child_env, cli_command, run_cli, slurm_available, torchrun
+from prores.config import load_config
+from prores.model.gpt import gpt_pieces
+from prores.model.prores import ProRes
+from prores.parallel.consolidate import consolidated_weights
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS, KILL_AFTER = 20, 10
+# ~0.2 s a step on 2 cores: 10 steps of margin to kill B between its step-10 and step-20 checkpoints
+CONFIG = ("model.num_layers=8", "model.seq_length=128", "train.micro_batch_size=8", f"train.steps={STEPS}",
+          "train.log_interval=1", "train.eval_interval=10", "data.eval_batches=2", "checkpoint.interval=10",
+          "kernels.backend=eager", "logging.progress_bar=false")
+LAYOUTS = {"pp1": (None, ()), "pp2": (torchrun(2), ("parallel.pp=2",))}
+
+
+def train_args(run_dir, *overrides) -> list[str]:
+    args = ["train", "--run-dir", str(run_dir)]
+    for o in CONFIG + overrides:
+        args += ["--set", o]
+    return args
+
+
+def scalars(run_dir) -> dict:
+    """All event files of a run as TensorBoard shows them (a resume's purge_step applied)."""
+    acc = event_accumulator.EventAccumulator(str(run_dir), size_guidance={event_accumulator.SCALARS: 0})
+    acc.Reload()
+    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
+
+
+def manifest(run_dir, step) -> Path:
+    return Path(run_dir) / "checkpoints" / f"global_step{step}" / "manifest.json"
+
+
+def start(args, launcher=None, log=None) -> subprocess.Popen:
+    return subprocess.Popen(cli_command(*args, launcher=launcher), stdout=log or subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT, env=child_env(), start_new_session=True)
+
+
+def wait_for(condition, proc, timeout=600, what=""):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, f"the run ended (rc {proc.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def kill_after_checkpoint(run_dir, launcher, extra=()):
+    proc = start(train_args(run_dir, *extra), launcher)
+    wait_for(lambda: manifest(run_dir, KILL_AFTER).exists(), proc, what="the step-10 checkpoint")
+    tree = [proc.pid] + [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+    for pid in tree:  # the launcher and every worker, whatever session they are in
+        os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    psutil.wait_procs([p for p in map(_alive, tree) if p], timeout=30)
+    assert not manifest(run_dir, STEPS).exists(), "B finished before it could be killed; slow the steps down"
+
+
+def _alive(pid):
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
+
+
+def full_weights(run_dir, overrides):
+    cfg = load_config(None, CONFIG + overrides)
+    m = cfg.model
+    pieces = [p.cls(**p.kwargs) for p in gpt_pieces(m, ProRes(cfg.prores.schedule, cfg.prores.T, m.num_layers),
+                                                     258, cfg.train.seed)]
+    return consolidated_weights(Path(run_dir) / "checkpoints" / f"global_step{STEPS}", pieces)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """Run A per layout: 20 uninterrupted steps."""
+    runs = {}
+    for name, (launcher, extra) in LAYOUTS.items():
+        run_dir = tmp_path_factory.mktemp(f"A-{name}")
+        proc = run_cli(*train_args(run_dir, *extra), launcher=launcher)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = run_dir
+    return runs
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_resume_after_sigkill_repeats_the_run_bit_for_bit(straight, name, tmp_path, world_of_one):
+    launcher, extra = LAYOUTS[name]
+    run_b = tmp_path / "B"
+    kill_after_checkpoint(run_b, launcher, extra)
+    proc = run_cli(*train_args(run_b, *extra), launcher=launcher)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"resuming from step {KILL_AFTER}: {run_b}/checkpoints/global_step{KILL_AFTER}" in proc.stdout
+    a, b = scalars(straight[name]), scalars(run_b)
+    assert set(a) == set(b)
+    for tag in set(a) - {"train/tokens_per_sec"}:  # everything but the clock
+        assert sorted(a[tag]) == sorted(b[tag]), tag  # every step once, none lost or doubled
+        after = {s: v for s, v in a[tag].items() if s >= KILL_AFTER}
+        assert after == {s: b[tag][s] for s in after}, tag  # loss, alpha, samples, lr, valid: bitwise
+    assert b["train/samples"][STEPS - 1] == STEPS * 8
+    wa, wb = full_weights(straight[name], extra), full_weights(run_b, extra)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(straight, tmp_path):
+    run = tmp_path / "A"
+    shutil.copytree(straight["pp1"], run)
+    victim = run / "checkpoints" / f"global_step{STEPS}" / "layer_03-model_00-model_states.pt"
+    size = victim.stat().st_size
+    half = size // 2
+    with open(victim, "r+b") as fh:
+        fh.truncate(half)
+    proc = run_cli(*train_args(run))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (f"warning: checkpoint {run}/checkpoints/global_step{STEPS} is damaged (layer_03-model_00-model_states.pt"
+            f" has {half} bytes, {size} were written") in proc.stdout
+    assert f"resuming from step {KILL_AFTER}:" in proc.stdout
+    assert (run / "checkpoints" / f"global_step{STEPS}.damaged" / victim.name).exists()  # set aside, not deleted
+    got, want = (json.loads((r / "summary.json").read_text()) for r in (run, straight["pp1"]))
+    assert (got["steps"], got["final_valid_loss"]) == (want["steps"], want["final_valid_loss"])
+
+
+def test_resume_refuses_another_tp_or_pp_and_no_resume_refuses_old_checkpoints(straight, tmp_path):
+    run = tmp_path / "A"
+    shutil.copytree(straight["pp1"], run)
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    proc = run_cli(*train_args(run, "parallel.pp=2"), launcher=torchrun(2), timeout=300)
+    assert proc.returncode != 0
+    assert proc.stderr.count("was written with parallel.tp=1 parallel.pp=1, this run has tp=1 pp=2") == 1
+    proc = run_cli(*train_args(run), "--no-resume", timeout=300)
+    assert proc.returncode == 2 and "already has checkpoints" in proc.stderr and "Traceback" not in proc.stderr
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before  # nothing touched
+
+
+DP1, DP2 = (None, ()), (torchrun(2), ("train.micro_batch_size=4",))  # the same global batch of 8
+
+
+@pytest.mark.parametrize("before,after", [(DP2, DP1), (DP1, DP2)], ids=["dp2-to-dp1", "dp1-to-dp2"])
+def test_resume_with_another_dp(straight, tmp_path, before, after):
+    """ZeRO-1 optimizer shards are re-cut for the new dp: the run continues as if uninterrupted."""
+    run_b = tmp_path / "B"
+    kill_after_checkpoint(run_b, before[0], before[1])
+    proc = run_cli(*train_args(run_b, *after[1]), launcher=after[0])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dp = (2, 1) if before is DP2 else (1, 2)
+    assert f"resuming from step {KILL_AFTER}" in proc.stdout
+    assert f"(dp {dp[0]} -> {dp[1]}; RNG streams start afresh)" in proc.stdout
+    a, b = scalars(straight["pp1"]), scalars(run_b)
+    for step in range(KILL_AFTER, STEPS):  # dp changes the summation order only
+        assert b["train/loss"][step] == pytest.approx(a["train/loss"][step], rel=1e-5), step
+        assert b["train/samples"][step] == a["train/samples"][step]
+
+
+def test_a_stop_signal_to_one_rank_stops_all_at_the_same_step(straight, tmp_path):
+    run = tmp_path / "S"
+    log = open(tmp_path / "log", "w")
+    proc = start(train_args(run, "parallel.pp=2"), torchrun(2), log)
+    wait_for(lambda: manifest(run, KILL_AFTER).exists(), proc, what="the step-10 checkpoint")
+    workers = [p for p in psutil.Process(proc.pid).children(recursive=True) if p.environ().get("RANK") == "1"]
+    assert len(workers) == 1
+    workers[0].send_signal(signal.SIGUSR1)  # the second stage only
+    assert proc.wait(timeout=300) == 0
+    out = (tmp_path / "log").read_text()
+    stopped = [int(l.rsplit(" ", 1)[1]) for l in out.splitlines() if "stopping after step" in l]
+    assert len(stopped) == 1 and KILL_AFTER <= stopped[0] < STEPS
+    assert "not a Slurm job: run the same command again to resume" in out
+    assert manifest(run, stopped[0]).exists() and not (run / "summary.json").exists()
+    proc = run_cli(*train_args(run, "parallel.pp=2"), launcher=torchrun(2))
+    assert proc.returncode == 0 and f"resuming from step {stopped[0]}" in proc.stdout
+    b, a = scalars(run), scalars(straight["pp2"])
+    assert {s: v for s, v in b["train/loss"].items()} == a["train/loss"]
+
+
+@pytest.mark.skipif(not slurm_available(), reason="no Slurm cluster answers; CI starts one with"
+                                                  " `bash slurm/local-cluster.sh up`")
+def test_sbatch_preemption_checkpoints_requeues_and_finishes(straight, tmp_path):
+    """slurm/train.sbatch with 2 tasks (tp=2); SIGUSR1 to the batch shell -> save, requeue, resume, finish."""
+    args = train_args("IGNORED", "parallel.tp=2", "checkpoint.interval=5")[3:]  # the --set pairs
+    env = child_env(PRORES_PYTHON=sys.executable, PRORES_RUN_DIR=str(tmp_path / "run"))
+    sub = subprocess.run(["sbatch", "--parsable", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1",
+                          "--overcommit", "--time=20", f"--chdir={ROOT}", f"--output={tmp_path}/job.out",
+                          str(ROOT / "slurm" / "train.sbatch"), *args], capture_output=True, text=True, env=env)
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.strip().split(";")[0]
+
+    def state():
+        info = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+        return dict(kv.split("=", 1) for kv in info.split() if "=" in kv)
+
+    try:
+        deadline = time.monotonic() + 600
+        while not manifest(tmp_path / "run", 5).exists():
+            assert time.monotonic() < deadline and state()["JobState"] in ("PENDING", "RUNNING"), state()
+            time.sleep(0.05)
+        subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
+        while state()["JobState"] != "PENDING" or state().get("Restarts") != "1":
+            assert time.monotonic() < deadline, state()
+            time.sleep(0.2)
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+        while state()["JobState"] in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING"):
+            assert time.monotonic() < deadline, state()
+            time.sleep(0.5)
+    finally:
+        subprocess.run(["scancel", job])
+    out = (tmp_path / "job.out").read_text()
+    assert state()["JobState"] == "COMPLETED", out[-3000:]
+    assert "stop signal (SIGUSR1): stopping after step" in out and f"requeued Slurm job {job}" in out
+    assert "resuming from step" in out and "(restart 1)" in out
+    final = json.loads((tmp_path / "run" / "summary.json").read_text())["final_valid_loss"]
+    want = json.loads((straight["pp1"] / "summary.json").read_text())["final_valid_loss"]
+    assert final == pytest.approx(want, rel=1e-5)  # tp=2 vs one process: reduction order only
