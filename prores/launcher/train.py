@@ -31,7 +31,7 @@ from prores.model.block import Block
 from prores.model.gpt import gpt_pieces, lm_loss
 from prores.model.prores import ProRes
 from prores.monitor.stats import LayerStats
-from prores.monitor.tensorboard import RunWriter
+from prores.monitor.tensorboard import RunWriter, mark_resume
 from prores.parallel import topology as topo_mod
 from prores.parallel.grad_norm import GlobalNormAdamW
 from prores.parallel.pipeline import build_pipeline, uniform_blocks
@@ -160,8 +160,12 @@ class Trainer:
         self.tokens_per_step = global_batch(cfg, self.topo.dp) * cfg.model.seq_length
         if found is not None:
             self.load(found)
-        self.writer = RunWriter(run_dir, self.topo.rank, self.topo.is_loss_writer, self.topo.is_stage_writer,
-                                resume_step=self.step)
+        if found is not None:
+            if self.topo.rank == 0:
+                mark_resume(run_dir, self.step)
+            torch.distributed.barrier()
+            time.sleep(1.05)  # see mark_resume: the writers' files must sort after the marker
+        self.writer = RunWriter(run_dir, self.topo.rank, self.topo.is_loss_writer, self.topo.is_stage_writer)
         self.stats = LayerStats(self.blocks)
 
     def say(self, message: str) -> None:
@@ -241,7 +245,7 @@ class Trainer:
             bar = tqdm(total=cfg.train.steps, initial=self.step, desc="train", dynamic_ncols=True)
         valid_loss, tok_s, stopped = float("nan"), [], False
         if self.step and self.step % cfg.train.eval_interval == 0:
-            valid_loss = self.evaluate()  # purge_step dropped the interrupted run's entries at this step
+            valid_loss = self.evaluate()  # mark_resume dropped the interrupted run's entries at this step
         with StopSignals() as stop:
             while self.step < cfg.train.steps:
                 metrics = self.train_step()

@@ -15,6 +15,18 @@ def layer_tag(prefix: str, layer: int) -> str:
     return f"{prefix}/layer_{layer:03d}"
 
 
+def mark_resume(run_dir: Path, step: int) -> None:
+    """Once per resume, before the resumed run's writers open: an event file holding only a
+    SessionLog.START at ``step``, so TensorBoard drops whatever the interrupted run logged at
+    steps >= ``step`` in the files read before it. Files are read in name order, and names start
+    with the creation second: the resumed writers must open in a later second (the caller waits).
+    One marker, not one per writer: a marker read after another writer's resumed file would purge
+    that file's new events too."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    SummaryWriter(log_dir=str(run_dir), purge_step=step, filename_suffix=".resume").close()
+
+
 class RunWriter:
     """A SummaryWriter for ranks that own numbers; a no-op elsewhere.
 
@@ -22,15 +34,13 @@ class RunWriter:
     file (suffix ``.rankN``) and TensorBoard merges them.
     """
 
-    def __init__(self, run_dir: Path, rank: int, owns_loss: bool, owns_layers: bool, resume_step: int = 0):
+    def __init__(self, run_dir: Path, rank: int, owns_loss: bool, owns_layers: bool):
         self.owns_loss, self.owns_layers = owns_loss, owns_layers
         self._writer = None
         if owns_loss or owns_layers:
             from torch.utils.tensorboard import SummaryWriter
 
-            # purge_step: on resume, TensorBoard drops what the interrupted run logged after the checkpoint
-            self._writer = SummaryWriter(log_dir=str(run_dir), filename_suffix=f".rank{rank}",
-                                         purge_step=resume_step or None)
+            self._writer = SummaryWriter(log_dir=str(run_dir), filename_suffix=f".rank{rank}")
 
     def scalars(self, values: Mapping[str, float], step: int) -> None:
         if self._writer is not None:
