@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
-from conftest import deepspeed_launcher, run_cli, slurm_available, srun, torchrun
+from conftest import deepspeed_launcher, free_port, run_cli, slurm_available, srun, torchrun
 from prores.config import load_config
 from prores.model.gpt import gpt_pieces
 from prores.model.prores import ProRes
@@ -47,6 +47,9 @@ LAYOUTS = {
     "tp2-srun": (srun(2), ("parallel.tp=2",)),
     # two slurmd nodes (n1, n2): the rendezvous crosses "nodes" through MASTER_ADDR=n1
     "dp2-2nodes": (srun(2, nodes=2), ("train.micro_batch_size=2",)),
+    # two containers' entrypoints (deepspeed --no_ssh --node_rank 0/1), without the containers
+    "dp2-docker-nodes": (["bash", str(Path(__file__).parent / "two_nodes.sh"), str(free_port())],
+                         ("train.micro_batch_size=2",)),
 }
 NO_SLURM = "no Slurm cluster answers; CI starts one with `bash slurm/local-cluster.sh up`"
 BASELINE = {name: "1x1x1-5blocks" if name == "pp2-uneven" else "1x1x1" for name in LAYOUTS}

