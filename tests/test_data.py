@@ -1,6 +1,5 @@
 """Tokenizers, raw sources, and the resumable, dp-invariant sample order."""
 
-import json
 from pathlib import Path
 
 import pytest
