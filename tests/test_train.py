@@ -59,10 +59,13 @@ def test_tensorboard_tags_cover_every_layer(run):
     _, scalars, _ = run
     L = load_config().model.num_layers
     layers = [f"layer_{l:03d}" for l in range(1, L + 1)]
-    expected = {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_sec", "valid/loss", "valid/ppl"}
+    expected = {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_sec", "train/samples", "valid/loss",
+                "valid/ppl"}
     expected |= {f"prores/alpha/{x}" for x in layers} | {f"layers/act_rms/{x}" for x in layers}
     assert set(scalars) == expected
     assert sorted(scalars["train/loss"]) == list(range(STEPS))
+    micro = load_config(None, OVERRIDES).train.micro_batch_size
+    assert scalars["train/samples"] == {t: (t + 1) * micro for t in range(STEPS)}  # after the update at t
     assert sorted(scalars["layers/act_rms/layer_001"]) == list(range(0, STEPS, 20))
 
 
@@ -127,10 +130,10 @@ def test_first_steps_match_a_plain_pytorch_reference(run, world_of_one):
         assert scalars["train/lr"][step] == pytest.approx(lr, rel=1e-6), step
 
 
-def test_an_existing_run_is_never_overwritten(run):
+def test_no_resume_never_overwrites_an_existing_run(run):
     run_dir, _, _ = run
     before = sorted(p.name for p in run_dir.rglob("*"))
-    proc = run_cli("train", "--run-dir", str(run_dir), timeout=300)
+    proc = run_cli("train", "--run-dir", str(run_dir), "--no-resume", timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert f"run directory '{run_dir}' already holds a run" in proc.stderr
+    assert f"run directory '{run_dir}' already has checkpoints" in proc.stderr
     assert sorted(p.name for p in run_dir.rglob("*")) == before

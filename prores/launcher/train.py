@@ -160,7 +160,6 @@ class Trainer:
         self.tokens_per_step = global_batch(cfg, self.topo.dp) * cfg.model.seq_length
         if found is not None:
             self.load(found)
-        if found is not None:
             if self.topo.rank == 0:
                 mark_resume(run_dir, self.step)
             torch.distributed.barrier()
@@ -244,7 +243,7 @@ class Trainer:
 
             bar = tqdm(total=cfg.train.steps, initial=self.step, desc="train", dynamic_ncols=True)
         valid_loss, tok_s, stopped = float("nan"), [], False
-        if self.step and self.step % cfg.train.eval_interval == 0:
+        if self.step and (self.step % cfg.train.eval_interval == 0 or self.step >= cfg.train.steps):
             valid_loss = self.evaluate()  # mark_resume dropped the interrupted run's entries at this step
         with StopSignals() as stop:
             while self.step < cfg.train.steps:
