@@ -8,6 +8,7 @@ final weights must be identical.
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -143,7 +144,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(straight, tmp_pa
     assert (got["steps"], got["final_valid_loss"]) == (want["steps"], want["final_valid_loss"])
 
 
-def test_resume_refuses_another_tp_or_pp_and_no_resume_refuses_old_checkpoints(straight, tmp_path):
+def test_resume_refuses_another_tp_or_pp_and_no_resume_needs_overwrite(straight, tmp_path):
     run = tmp_path / "A"
     shutil.copytree(straight["pp1"], run)
     before = sorted(p.relative_to(run) for p in run.rglob("*"))
@@ -153,6 +154,11 @@ def test_resume_refuses_another_tp_or_pp_and_no_resume_refuses_old_checkpoints(s
     proc = run_cli(*train_args(run), "--no-resume", timeout=300)
     assert proc.returncode == 2 and "already has checkpoints" in proc.stderr and "Traceback" not in proc.stderr
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before  # nothing touched
+    proc = run_cli(*train_args(run), "--no-resume", "--overwrite")
+    assert proc.returncode == 0 and "resuming" not in proc.stdout
+    assert scalars(run).keys() == scalars(straight["pp1"]).keys()
+    assert scalars(run)["train/loss"] == scalars(straight["pp1"])["train/loss"]  # a fresh, identical run
+    assert len(list(run.glob("events.out.tfevents.*"))) == 1  # the old events went with the old checkpoints
 
 
 DP1, DP2 = (None, ()), (torchrun(2), ("train.micro_batch_size=4",))  # the same global batch of 8
@@ -175,23 +181,45 @@ def test_resume_with_another_dp(straight, tmp_path, before, after):
 
 
 def test_a_stop_signal_to_one_rank_stops_all_at_the_same_step(straight, tmp_path):
+    """SIGUSR1 to the second stage only; then SIGTERMs to both ranks until the checkpoint is written:
+    the ranks agree on one step, the save is not disturbed, and the resumed run is the straight one."""
     run = tmp_path / "S"
     log = open(tmp_path / "log", "w")
     proc = start(train_args(run, "parallel.pp=2"), torchrun(2), log)
     wait_for(lambda: manifest(run, KILL_AFTER).exists(), proc, what="the step-10 checkpoint")
-    workers = [p for p in psutil.Process(proc.pid).children(recursive=True) if p.environ().get("RANK") == "1"]
-    assert len(workers) == 1
-    workers[0].send_signal(signal.SIGUSR1)  # the second stage only
+    workers = {p.environ().get("RANK"): p for p in psutil.Process(proc.pid).children(recursive=True)
+               if p.environ().get("RANK") in ("0", "1")}
+    assert sorted(workers) == ["0", "1"]
+    workers["1"].send_signal(signal.SIGUSR1)
+    saved = lambda: any(manifest(run, s).exists() for s in range(KILL_AFTER + 1, STEPS + 1))  # noqa: E731
+    while proc.poll() is None and not saved():
+        for worker in workers.values():
+            try:
+                worker.send_signal(signal.SIGTERM)  # a second (third, ...) signal during the save
+            except psutil.NoSuchProcess:
+                pass
+        time.sleep(0.05)
     assert proc.wait(timeout=300) == 0
     out = (tmp_path / "log").read_text()
     stopped = [int(l.rsplit(" ", 1)[1]) for l in out.splitlines() if "stopping after step" in l]
     assert len(stopped) == 1 and KILL_AFTER <= stopped[0] < STEPS
+    assert re.search(r"stop signal \((SIGUSR1|SIGTERM|on another rank)\): stopping after step", out)
     assert "not a Slurm job: run the same command again to resume" in out
     assert manifest(run, stopped[0]).exists() and not (run / "summary.json").exists()
     proc = run_cli(*train_args(run, "parallel.pp=2"), launcher=torchrun(2))
     assert proc.returncode == 0 and f"resuming from step {stopped[0]}" in proc.stdout
     b, a = scalars(run), scalars(straight["pp2"])
-    assert {s: v for s, v in b["train/loss"].items()} == a["train/loss"]
+    assert b["train/loss"] == a["train/loss"]
+
+
+def test_retention_keeps_the_newest_and_every_kth(tmp_path):
+    small = ("model.num_layers=2", "model.seq_length=32", "train.micro_batch_size=4", "train.steps=10",
+             "checkpoint.interval=2", "checkpoint.keep_last=2", "checkpoint.keep_every=4")
+    proc = run_cli(*train_args(tmp_path, *small))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.is_dir())
+    assert kept == ["global_step10", "global_step4", "global_step8"]  # newest 2 = 8, 10; every 4th = 4, 8
+    assert (tmp_path / "checkpoints" / "latest").read_text() == "global_step10"
 
 
 @pytest.mark.skipif(not slurm_available(), reason="no Slurm cluster answers; CI starts one with"

@@ -1,6 +1,8 @@
 """From the data config to batches: raw text preprocessed once into the cache, eval sets, read-only data."""
 
 import os
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -94,3 +96,16 @@ def test_unigram_entropy_is_of_the_training_distribution(world_of_one, tmp_path)
     p = counts[counts > 0] / counts.sum()
     # the first 1024 samples cover all of them here (the dataset was built for 400)
     assert run.unigram_entropy == pytest.approx(float(-(p * numpy.log(p)).sum()), rel=1e-12)
+
+
+def test_building_without_a_process_group_does_not_hang(tmp_path):
+    """A fresh interpreter, no torch.distributed: the path `prores preprocess` users and notebooks take."""
+    code = ("import sys, torch.distributed as d; from pathlib import Path; from prores.config import DataConfig;"
+            " from prores.data.sources import build_run_data; from prores.data.tokenizers import ByteTokenizer;"
+            f" r = build_run_data(DataConfig(corpus={str(JSONL)!r}, split='80,20,0'), ByteTokenizer(), seq_length=32,"
+            " micro_batch_size=4, train_samples=400, seed=7, cache_dir=Path(sys.argv[1]));"
+            " print(d.is_initialized(), len(r.train.samples), len(r.valid))")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    initialized, samples, valid = proc.stdout.split()[-3:]
+    assert initialized == "False" and int(samples) >= 400 and int(valid) >= 1
