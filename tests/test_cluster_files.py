@@ -1,10 +1,14 @@
 """The Docker and Slurm files: lint, agreement with the README, and the sweep's array."""
 
+import json
 import os
 import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
+from conftest import run_cli
 from test_readme import readme_commands
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,3 +53,30 @@ def test_sweep_covers_every_depth_with_prores_on_and_off():
     past = subprocess.run(["bash", str(ROOT / "slurm" / "sweep.sbatch")], capture_output=True, text=True, cwd=ROOT,
                           env=os.environ | {"SLURM_ARRAY_TASK_ID": str(len(rows))})
     assert past.returncode == 2 and f"submit with --array=0-{len(rows) - 1}" in past.stderr
+
+
+@pytest.mark.slow
+def test_the_image_builds_and_trains_like_the_host(tmp_path):
+    """podman builds the Dockerfile on a debootstrap stand-in for the NGC base (no registry here);
+    a tiny run inside the container ends at the host's loss, bit for bit (same CPU torch)."""
+    env = os.environ | {"CONTAINERS_CONF": str(ROOT / "docker" / "containers.conf")}
+    tag = "localhost/prores:test"
+    build = subprocess.run(["bash", str(ROOT / "docker" / "standin-build.sh"), tag], capture_output=True,
+                           text=True, env=env, timeout=1800)
+    assert build.returncode == 0, build.stderr[-3000:]
+    help_text = subprocess.run(["podman", "run", "--rm", tag, "train", "--help"], capture_output=True, text=True,
+                               env=env, timeout=300)
+    assert help_text.returncode == 0 and "--no-resume" in help_text.stdout
+    args = ["--set", "model.num_layers=2", "--set", "model.seq_length=32", "--set", "train.micro_batch_size=4",
+            "--set", "train.steps=4", "--set", "data.eval_batches=1", "--set", "kernels.backend=eager",
+            "--set", "logging.progress_bar=false"]
+    inside = subprocess.run(["podman", "run", "--rm", "-v", f"{tmp_path}:/work", tag, "train", "--run-dir",
+                             "/work/image", *args], capture_output=True, text=True, env=env, timeout=600)
+    assert inside.returncode == 0, inside.stderr[-3000:]
+    prebuilt = subprocess.run(["podman", "run", "--rm", "--entrypoint", "bash", tag, "-c",
+                               'find "$TORCH_EXTENSIONS_DIR" -name "*.so"'], capture_output=True, text=True, env=env)
+    assert "deepspeed_shm_comm" in prebuilt.stdout  # DeepSpeed's start-up JIT op ships inside the image
+    host = run_cli("train", "--run-dir", str(tmp_path / "host"), *args)
+    assert host.returncode == 0, host.stderr[-3000:]
+    losses = [json.loads((tmp_path / d / "summary.json").read_text())["final_valid_loss"] for d in ("image", "host")]
+    assert losses[0] == losses[1]
