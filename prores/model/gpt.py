@@ -94,7 +94,8 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 class Piece:
     cls: type
     kwargs: dict = field(default_factory=dict)
-    tie_key: Optional[str] = None  # pieces sharing a key share their weight
+    tie_key: Optional[str] = None  # pieces sharing a key share their weight ...
+    tied_attr: Optional[str] = None  # ... this one
     tied_forward: Optional[Callable] = None
 
 
@@ -103,13 +104,14 @@ def gpt_pieces(model_cfg, prores: ProRes, vocab_size: int, seed: int, backend: s
     vocab = padded_vocab_size(vocab_size, model_cfg.vocab_multiple)
     embed_kwargs = dict(model_cfg=model_cfg, vocab_size=vocab, seed=seed)
     tie = "embed" if model_cfg.tie_embeddings else None
-    pieces = [Piece(Embedding, embed_kwargs, tie_key=tie)]
+    tied = dict(tie_key=tie, tied_attr="word_embeddings.weight" if tie else None)
+    pieces = [Piece(Embedding, embed_kwargs, **tied)]
     pieces += [Piece(Block, dict(model_cfg=model_cfg, prores=prores, layer=l, seed=seed, backend=backend))
                for l in range(1, model_cfg.num_layers + 1)]
     if LAYOUTS[model_cfg.norm_layout].final_norm:
         pieces.append(Piece(FinalNorm, dict(model_cfg=model_cfg, seed=seed, backend=backend)))
     if tie:
-        pieces.append(Piece(Embedding, embed_kwargs, tie_key=tie, tied_forward=tied_head_forward))
+        pieces.append(Piece(Embedding, embed_kwargs, **tied, tied_forward=tied_head_forward))
     else:
         pieces.append(Piece(Head, dict(model_cfg=model_cfg, vocab_size=vocab, seed=seed)))
     return pieces

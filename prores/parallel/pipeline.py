@@ -19,7 +19,7 @@ def layer_specs(pieces) -> list[LayerSpec]:
             specs.append(LayerSpec(p.cls, **p.kwargs))
         else:
             specs.append(TiedLayerSpec(p.tie_key, p.cls, forward_fn=p.tied_forward,
-                                       tied_weight_attr=["word_embeddings.weight"], **p.kwargs))
+                                       tied_weight_attr=[p.tied_attr], **p.kwargs))
     return specs
 
 
