@@ -91,7 +91,7 @@ def test_eval_batches_are_split_over_dp_ranks(world_of_one, tmp_path):
 
 def test_unigram_entropy_is_of_the_training_distribution(world_of_one, tmp_path):
     run = build(DataConfig(corpus=str(JSONL), split="80,20,0"), tmp_path)
-    tokens = numpy.concatenate([run.train.samples.batch(range(len(run.train.samples)))[0].numpy().ravel()])
+    tokens = run.train.samples.batch(range(len(run.train.samples)))[0].numpy().ravel()
     counts = numpy.bincount(tokens)
     p = counts[counts > 0] / counts.sum()
     # the first 1024 samples cover all of them here (the dataset was built for 400)
