@@ -51,6 +51,14 @@ def slurm_available() -> bool:
         return False
 
 
+def train_args(run_dir, overrides) -> list[str]:
+    """`train --run-dir RUN_DIR --set KEY=VALUE ...`"""
+    args = ["train", "--run-dir", str(run_dir)]
+    for o in overrides:
+        args += ["--set", o]
+    return args
+
+
 def cli_command(*args, launcher=None) -> list[str]:
     """`prores ARGS`: the installed console script, or `-m prores` under a launcher."""
     prefix = launcher or [shutil.which("prores")]

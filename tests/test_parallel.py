@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
-from conftest import deepspeed_launcher, free_port, run_cli, slurm_available, srun, torchrun
+from conftest import deepspeed_launcher, free_port, run_cli, slurm_available, srun, torchrun, train_args
 from prores.config import load_config
 from prores.model.gpt import gpt_pieces
 from prores.model.prores import ProRes
@@ -76,10 +76,7 @@ def runs(tmp_path_factory):
             results[name] = None
             continue
         run_dir = tmp_path_factory.mktemp(name)
-        args = ["train", "--run-dir", str(run_dir)]
-        for o in COMMON + overrides:
-            args += ["--set", o]
-        proc = run_cli(*args, launcher=launcher)
+        proc = run_cli(*train_args(run_dir, COMMON + overrides), launcher=launcher)
         assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
         per_file = scalars_by_file(run_dir)
         merged = {tag: values for f in per_file.values() for tag, values in f.items()}
@@ -166,10 +163,7 @@ def test_alpha_written_once_per_layer_by_the_owning_stage(runs):
      "parallel.stage_layers=[5, 6]: give 2 positive block counts"),
 ])
 def test_bad_layouts_fail_once_and_clearly(tmp_path, launcher, overrides, message):
-    args = ["train", "--run-dir", str(tmp_path)]
-    for o in overrides:
-        args += ["--set", o]
-    proc = run_cli(*args, launcher=launcher, timeout=300)
+    proc = run_cli(*train_args(tmp_path, overrides), launcher=launcher, timeout=300)
     assert proc.returncode != 0
     assert proc.stderr.count(message) == 1, proc.stderr[-3000:]
     assert "/prores/" not in "".join(l for l in proc.stderr.splitlines() if l.strip().startswith("File "))

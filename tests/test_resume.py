@@ -7,7 +7,6 @@ final weights must be identical.
 """
 
 import json
-import os
 import re
 import shutil
 import signal
@@ -21,6 +20,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing import event_accumulator
 
+import conftest
 from conftest import child_env, cli_command, run_cli, slurm_available, torchrun
 from prores.config import load_config
 from prores.model.gpt import gpt_pieces
@@ -39,10 +39,7 @@ LAYOUTS = {"pp1": (None, ()), "pp2": (torchrun(2), ("parallel.pp=2",))}
 
 
 def train_args(run_dir, *overrides) -> list[str]:
-    args = ["train", "--run-dir", str(run_dir)]
-    for o in CONFIG + overrides:
-        args += ["--set", o]
-    return args
+    return conftest.train_args(run_dir, CONFIG + overrides)
 
 
 def scalars(run_dir) -> dict:
@@ -72,19 +69,14 @@ def wait_for(condition, proc, timeout=600, what=""):
 def kill_after_checkpoint(run_dir, launcher, extra=()):
     proc = start(train_args(run_dir, *extra), launcher)
     wait_for(lambda: manifest(run_dir, KILL_AFTER).exists(), proc, what="the step-10 checkpoint")
-    tree = [proc.pid] + [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
-    for pid in tree:  # the launcher and every worker, whatever session they are in
-        os.kill(pid, signal.SIGKILL)
+    launcher = psutil.Process(proc.pid)
+    tree = [launcher] + launcher.children(recursive=True)
+    for p in tree:  # the launcher and every worker, whatever session they are in
+        p.kill()
     proc.wait()
-    psutil.wait_procs([p for p in map(_alive, tree) if p], timeout=30)
+    psutil.wait_procs(tree, timeout=30)
     assert not manifest(run_dir, STEPS).exists(), "B finished before it could be killed; slow the steps down"
 
-
-def _alive(pid):
-    try:
-        return psutil.Process(pid)
-    except psutil.NoSuchProcess:
-        return None
 
 
 def full_weights(run_dir, overrides):

@@ -13,7 +13,7 @@ import torch
 import yaml
 from tensorboard.backend.event_processing import event_accumulator
 
-from conftest import run_cli
+from conftest import run_cli, train_args
 from prores.config import load_config
 from prores.data.tokenizers import ByteTokenizer
 from prores.launcher.lr import LR_SCHEDULES
@@ -33,10 +33,7 @@ LEARNING_MARGIN = 0.8  # nats/token below the unigram entropy after 120 steps (m
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("tiny")
-    args = ["train", "--run-dir", str(run_dir)]
-    for o in OVERRIDES:
-        args += ["--set", o]
-    proc = run_cli(*args)
+    proc = run_cli(*train_args(run_dir, OVERRIDES))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     acc = event_accumulator.EventAccumulator(str(run_dir), size_guidance={event_accumulator.SCALARS: 0})
     acc.Reload()
