@@ -7,6 +7,7 @@ final weights must be identical.
 """
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -23,6 +24,7 @@ from tensorboard.backend.event_processing import event_accumulator
 import conftest
 from conftest import child_env, cli_command, run_cli, slurm_available, torchrun
 from prores.config import load_config
+from prores.launcher.slurm import STOP_SIGNALS, StopSignals
 from prores.model.gpt import gpt_pieces
 from prores.model.prores import ProRes
 from prores.parallel.consolidate import consolidated_weights
@@ -255,3 +257,20 @@ def test_sbatch_preemption_checkpoints_requeues_and_finishes(straight, tmp_path)
     final = json.loads((tmp_path / "run" / "summary.json").read_text())["final_valid_loss"]
     want = json.loads((straight["pp1"] / "summary.json").read_text())["final_valid_loss"]
     assert final == pytest.approx(want, rel=1e-5)  # tp=2 vs one process: reduction order only
+
+
+def test_stop_signals_stay_caught_once_a_stop_arrived():
+    """No stop: the previous handlers come back. A stop: a repeat SIGTERM during the exit that follows
+    (Slurm's requeue sends one) is caught too, not a kill."""
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    with StopSignals() as quiet:
+        pass
+    assert quiet.received is None and {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == previous
+    try:
+        with StopSignals() as stop:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGTERM)  # would end pytest if the default handler were back
+        assert stop.received == "SIGUSR1"
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -30,6 +30,10 @@ class StopSignals:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.received:
+            # The checkpoint is saved and the process is on its way out: a repeat signal (Slurm's
+            # requeue kills the step with SIGTERM) must not turn that clean exit into a kill.
+            return
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
@@ -40,6 +44,8 @@ class StopSignals:
         """True on every rank once any rank got a stop signal (one all-reduce of one number)."""
         flag = torch.tensor([1.0 if self.received else 0.0], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() and not self.received:
+            self.received = "on another rank"
         return bool(flag.item())
 
 

@@ -264,7 +264,7 @@ class Trainer:
                 if saved:
                     self.save()
                 if not done and stop.agreed(self.device):
-                    self.say(f"stop signal ({stop.received or 'on another rank'}): stopping after step {self.step}")
+                    self.say(f"stop signal ({stop.received}): stopping after step {self.step}")
                     path = self.checkpoints.root / tag_of(self.step) if saved else self.save()
                     self.say(f"checkpoint {path} saved")
                     if self.topo.rank == 0:
