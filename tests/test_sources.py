@@ -82,9 +82,8 @@ def test_eval_batches_are_split_over_dp_ranks(world_of_one, tmp_path):
     cfg = DataConfig(corpus=str(JSONL), split="80,20,0", eval_batches=3, eval={"t": str(FIXTURES / "tiny_corpus.txt")})
     whole = build(cfg, tmp_path / "c", micro=4)
     halves = [build(cfg, tmp_path / "c", micro=2, dp_rank=r, dp_size=2) for r in range(2)]
-    for name in ("t",):
-        for k in range(3):
-            assert torch.equal(whole.evals[name][k][0], torch.cat([h.evals[name][k][0] for h in halves]))
+    for k in range(3):
+        assert torch.equal(whole.evals["t"][k][0], torch.cat([h.evals["t"][k][0] for h in halves]))
     for k in range(len(whole.valid)):
         assert torch.equal(whole.valid[k][0], torch.cat([h.valid[k][0] for h in halves]))
 

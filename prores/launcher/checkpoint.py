@@ -113,10 +113,11 @@ class Found:
 
 
 class Checkpoints:
-    """The checkpoints of one run directory. All methods except :meth:`exist` are collective."""
+    """The checkpoints of one run directory (``RUN/checkpoints``). All methods except :meth:`exist`
+    are collective."""
 
-    def __init__(self, root: Path, keep_last: int, keep_every: int):
-        self.root, self.keep_last, self.keep_every = root, keep_last, keep_every
+    def __init__(self, run_dir: Path, keep_last: int = 0, keep_every: int = 0):
+        self.root, self.keep_last, self.keep_every = run_dir / "checkpoints", keep_last, keep_every
 
     def _tags(self) -> list[tuple[int, Path]]:
         """(step, dir) of every global_step{N} directory, newest first."""

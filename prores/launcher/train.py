@@ -128,7 +128,7 @@ class Trainer:
         self.cfg, self.run_dir = cfg, run_dir
         self.topo = topo_mod.init(cfg.parallel.tp, cfg.parallel.pp)
         torch.manual_seed(cfg.train.seed)  # dropout masks; weights are seeded per parameter
-        self.checkpoints = Checkpoints(run_dir / "checkpoints", cfg.checkpoint.keep_last, cfg.checkpoint.keep_every)
+        self.checkpoints = Checkpoints(run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every)
         if overwrite and not resume:
             self.checkpoints.remove_all()
             if self.topo.rank == 0:
@@ -280,8 +280,7 @@ class Trainer:
 
 
 def train(cfg: Config, run_dir: Path, resume: bool = True, overwrite: bool = False) -> Summary:
-    checkpoints = Checkpoints(run_dir / "checkpoints", 0, 0)
-    if not resume and not overwrite and checkpoints.exist():
+    if not resume and not overwrite and Checkpoints(run_dir).exist():
         raise UsageError(f"run directory '{run_dir}' already has checkpoints; without --no-resume `prores train`"
                          " resumes from the newest, --no-resume --overwrite deletes them and starts afresh,"
                          " or pass a new --run-dir.")
