@@ -5,14 +5,37 @@
 # Nodes n1 and n2 are two slurmd processes on 127.0.0.1 (own ports, /etc/hosts entries); each
 # reports this machine's CPUs. Inside a task, $SLURMD_NODENAME tells them apart (hostname does not).
 # Prints `export SLURM_CONF=...` on success; the same path is used by the tests.
+# Only daemons this script started (their pid files under $STATE) are ever stopped: a machine that
+# already runs a Slurm of its own is left alone, and `up` refuses to start a second one beside it.
 set -euo pipefail
 STATE=${PRORES_SLURM_DIR:-/tmp/prores-slurm}
 export SLURM_CONF=$STATE/slurm.conf
+OURS=("$STATE/slurmd-n1.pid" "$STATE/slurmd-n2.pid" "$STATE/slurmctld.pid" "$STATE/munged.pid")
+
+live() {  # pids of running (not zombie) processes named $1, comma-separated names allowed
+  ps -C "$1" -o pid=,stat= | awk '$2 !~ /^Z/ {print $1}'
+}
 
 down() {
-  pkill -x slurmd 2>/dev/null || true
-  pkill -x slurmctld 2>/dev/null || true
-  pkill -x munged 2>/dev/null || true
+  local pidfile pid
+  for pidfile in "${OURS[@]}"; do
+    [ -f "$pidfile" ] || continue
+    pid=$(cat "$pidfile")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do  # gone, or a zombie nobody reaps
+      kill -0 "$pid" 2>/dev/null && [ "$(ps -o stat= -p "$pid" | cut -c1)" != Z ] || break
+      sleep 0.1
+    done
+    rm -f "$pidfile"
+  done
+}
+
+foreign() {  # a running slurmctld/slurmd that is not ours
+  local pid
+  for pid in $(live slurmctld,slurmd); do
+    grep -qx "$pid" "${OURS[@]}" 2>/dev/null || { echo "$pid"; return 0; }
+  done
+  return 1
 }
 
 up() {
@@ -21,6 +44,10 @@ up() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge >&2
   fi
   down
+  if pid=$(foreign); then
+    echo "a Slurm daemon this script did not start is running (pid $pid): not starting a second one" >&2
+    return 1
+  fi
   mkdir -p "$STATE/spool/n1" "$STATE/spool/n2" "$STATE/state" /run/munge /var/log/munge /var/lib/munge /etc/munge
   for n in n1 n2; do
     grep -qE "^127\.0\.0\.1[[:space:]].*\b$n\b" /etc/hosts || echo "127.0.0.1 $n" >> /etc/hosts
@@ -32,7 +59,10 @@ up() {
   chmod 0700 /etc/munge /var/log/munge /var/lib/munge
   chmod 0400 /etc/munge/munge.key
   chmod 0755 /run/munge
-  runuser -u munge -- munged --force
+  if [ -z "$(live munged)" ]; then  # the machine's own munged, if any, serves us too
+    runuser -u munge -- munged --force
+    live munged > "$STATE/munged.pid"
+  fi
   local cpus
   cpus=$(slurmd -C | head -n 1 | sed -e 's/NodeName=[^ ]* //' -e 's/ *UpTime=.*//')
   cat > "$SLURM_CONF" <<CONF

@@ -42,13 +42,29 @@ def srun(n: int, nodes: int = 1) -> list[str]:
 
 
 def slurm_available() -> bool:
-    """A Slurm controller answers (CI starts one with `bash slurm/local-cluster.sh up`)."""
+    """A Slurm controller answers (`bash scripts/test.sh` starts one as root)."""
     if not shutil.which("srun"):
         return False
     try:
         return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=20).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
+
+
+NO_SLURM = ("no Slurm cluster answers: `bash scripts/test.sh` run as root starts a local one"
+            " (slurm/local-cluster.sh)")
+NO_PODMAN = ("podman or debootstrap is not installed: `bash scripts/test.sh` run as root installs them"
+             " (apt-get install podman buildah runc debootstrap)")
+
+
+def need(available: bool, reason: str) -> None:
+    """Skip a test whose service is missing, with its reason; with PRORES_REQUIRE_SERVICES=1
+    (CI) a missing service fails the test instead."""
+    if available:
+        return
+    if os.environ.get("PRORES_REQUIRE_SERVICES") == "1":
+        pytest.fail(f"{reason} (PRORES_REQUIRE_SERVICES=1)")
+    pytest.skip(reason)
 
 
 def train_args(run_dir, overrides) -> list[str]:

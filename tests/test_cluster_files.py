@@ -3,12 +3,13 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import NO_PODMAN, need, run_cli
 from test_readme import readme_commands
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,6 +60,7 @@ def test_sweep_covers_every_depth_with_prores_on_and_off():
 def test_the_image_builds_and_trains_like_the_host(tmp_path):
     """podman builds the Dockerfile on a debootstrap stand-in for the NGC base (no registry here);
     a tiny run inside the container ends at the host's loss, bit for bit (same CPU torch)."""
+    need(bool(shutil.which("podman") and shutil.which("debootstrap")), NO_PODMAN)
     env = os.environ | {"CONTAINERS_CONF": str(ROOT / "docker" / "containers.conf")}
     tag = "localhost/prores:test"
     build = subprocess.run(["bash", str(ROOT / "docker" / "standin-build.sh"), tag], capture_output=True,

@@ -86,3 +86,38 @@ def test_cli(tmp_path):
                   "--on-bad-line", "fail", timeout=300)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert "prores: error: bad jsonl line" in bad.stderr and "bad.jsonl:2" in bad.stderr
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_empty_documents_are_skipped_and_counted(tmp_path, capsys, workers):
+    """Real corpora hold empty documents: an empty jsonl text and an empty text file are skipped."""
+    jsonl = tmp_path / "some-empty.jsonl"
+    jsonl.write_text('{"text": "first"}\n{"text": ""}\n{"text": "third"}\n')
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "one.txt").write_text("a text file\n")
+    report = pp.preprocess([str(jsonl), str(tmp_path / "empty.txt"), str(tmp_path / "one.txt")],
+                           str(tmp_path / "out"), workers=workers, progress=False)
+    assert (report.documents, report.empty) == (3, 2)
+    ds = IndexedDataset(str(tmp_path / "out"))
+    assert [ds[i].tolist() for i in range(len(ds))] == [expected_ids(t) for t in ("first", "third", "a text file\n")]
+    assert "3 documents, 25 tokens, 2 empty documents and 0 bad lines skipped" in capsys.readouterr().out
+
+
+def test_a_text_file_ending_on_a_chunk_boundary_keeps_its_end_of_document(tmp_path, monkeypatch):
+    monkeypatch.setattr(pp, "TEXT_CHUNK_BYTES", 4)
+    (tmp_path / "t.txt").write_text("abcd\n")  # one whole chunk, then an empty last piece
+    report = pp.preprocess([str(tmp_path / "t.txt")], str(tmp_path / "out"), progress=False)
+    ds = IndexedDataset(str(tmp_path / "out"))
+    assert (report.documents, report.empty) == (1, 0)
+    assert numpy.concatenate([ds[i] for i in range(len(ds))]).tolist() == expected_ids("abcd\n")
+
+
+@pytest.mark.parametrize("contents", [{"empty.txt": ""}, {"empty.jsonl": '{"text": ""}\n\n'}])
+def test_input_without_text_is_one_clear_error(tmp_path, contents):
+    for name, text in contents.items():
+        (tmp_path / name).write_text(text)
+    proc = run_cli("preprocess", *[str(tmp_path / n) for n in contents], "--output-prefix", str(tmp_path / "o"),
+                   timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"prores: error: no text in {tmp_path / next(iter(contents))}: 1 empty document(s)" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(contents)  # no output, no temporaries

@@ -22,7 +22,7 @@ import torch
 from tensorboard.backend.event_processing import event_accumulator
 
 import conftest
-from conftest import child_env, cli_command, run_cli, slurm_available, torchrun
+from conftest import NO_SLURM, child_env, cli_command, need, run_cli, slurm_available, torchrun
 from prores.config import load_config
 from prores.launcher.slurm import STOP_SIGNALS, StopSignals
 from prores.model.gpt import gpt_pieces
@@ -216,10 +216,9 @@ def test_retention_keeps_the_newest_and_every_kth(tmp_path):
     assert (tmp_path / "checkpoints" / "latest").read_text() == "global_step10"
 
 
-@pytest.mark.skipif(not slurm_available(), reason="no Slurm cluster answers; CI starts one with"
-                                                  " `bash slurm/local-cluster.sh up`")
 def test_sbatch_preemption_checkpoints_requeues_and_finishes(straight, tmp_path):
     """slurm/train.sbatch with 2 tasks (tp=2); SIGUSR1 to the batch shell -> save, requeue, resume, finish."""
+    need(slurm_available(), NO_SLURM)
     args = train_args("IGNORED", "parallel.tp=2", "checkpoint.interval=5")[3:]  # the --set pairs
     env = child_env(PRORES_PYTHON=sys.executable, PRORES_RUN_DIR=str(tmp_path / "run"))
     sub = subprocess.run(["sbatch", "--parsable", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1",

@@ -3,8 +3,9 @@
 Inputs are streamed: jsonl one line at a time, plain text in chunks of lines,
 so files larger than memory work. Tokenization runs in a process pool whose
 ``imap`` keeps input order, so the output does not depend on ``--workers``.
-Every document ends with the tokenizer's end-of-document token. A bad jsonl
-line (invalid JSON, missing key, not a string) is reported with file and line
+Every document ends with the tokenizer's end-of-document token; an empty
+document (no tokens) is skipped and counted, and inputs with no text at all
+are an error. A bad jsonl line (invalid JSON, missing key, not a string) is reported with file and line
 number and either counted and skipped or fatal. Outputs are written under
 temporary names and renamed at the end: a failed run leaves nothing behind.
 """
@@ -37,6 +38,7 @@ class Report:
     items: int = 0
     tokens: int = 0
     bytes: int = 0
+    empty: int = 0  # documents without a token, skipped
     bad_lines: list[str] = field(default_factory=list)
 
 
@@ -98,10 +100,7 @@ def _init_worker(spec: str) -> None:
 
 def _encode(item: tuple[str, bool]) -> tuple[numpy.ndarray, bool]:
     text, ends = item
-    ids = _worker_tokenizer.encode(text).numpy()
-    if ends:
-        ids = numpy.append(ids, _worker_tokenizer.eod)
-    return ids, ends
+    return _worker_tokenizer.encode(text).numpy(), ends
 
 
 def preprocess(inputs: list[str], output_prefix: str, json_key: str = "text", tokenizer: str = "byte",
@@ -110,12 +109,12 @@ def preprocess(inputs: list[str], output_prefix: str, json_key: str = "text", to
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         raise UsageError(f"input file(s) not found: {', '.join(missing)}")
-    vocab_size = load_tokenizer(tokenizer).vocab_size
+    tok = load_tokenizer(tokenizer)
     prefix = Path(output_prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
     tmp_bin, tmp_idx = Path(f"{prefix}.bin.tmp"), Path(f"{prefix}.idx.tmp")
     report, start = Report(), time.perf_counter()
-    builder = IndexedDatasetBuilder(str(tmp_bin), dtype=DType.optimal_dtype(vocab_size))
+    builder = IndexedDatasetBuilder(str(tmp_bin), dtype=DType.optimal_dtype(tok.vocab_size))
     bar = None
     if progress:
         from tqdm import tqdm
@@ -130,15 +129,27 @@ def preprocess(inputs: list[str], output_prefix: str, json_key: str = "text", to
             else:
                 pool = stack.enter_context(multiprocessing.Pool(workers, _init_worker, (tokenizer,)))
                 encoded = pool.imap(_encode, items, chunksize=16)
+            doc_tokens = 0  # of the document being assembled (a text file arrives in chunks)
             for ids, ends in encoded:
-                builder.add_item(torch.from_numpy(ids))
-                report.items += 1
-                report.tokens += len(ids)
+                if ends:
+                    if doc_tokens + len(ids) == 0:
+                        report.empty += 1
+                        continue
+                    ids = numpy.append(ids, tok.eod)
+                if len(ids):
+                    builder.add_item(torch.from_numpy(ids))
+                    report.items += 1
+                    report.tokens += len(ids)
+                    doc_tokens += len(ids)
                 if ends:
                     builder.end_document()
                     report.documents += 1
+                    doc_tokens = 0
                     if bar is not None:
                         bar.update(1)
+        if report.documents == 0:
+            raise UsageError(f"no text in {', '.join(inputs)}: {report.empty} empty document(s),"
+                             f" {len(report.bad_lines)} bad line(s) skipped; give input with text.")
         builder.finalize(str(tmp_idx))
         os.replace(tmp_bin, f"{prefix}.bin")
         os.replace(tmp_idx, f"{prefix}.idx")
@@ -148,7 +159,7 @@ def preprocess(inputs: list[str], output_prefix: str, json_key: str = "text", to
         for tmp in (tmp_bin, tmp_idx):
             tmp.unlink(missing_ok=True)
     elapsed = max(time.perf_counter() - start, 1e-9)
-    print(f"prores preprocess: {report.documents} documents, {report.tokens} tokens, {len(report.bad_lines)}"
-          f" bad lines skipped; {report.documents / elapsed:.1f} docs/s, {report.bytes / elapsed / 1e6:.2f} MB/s"
+    print(f"prores preprocess: {report.documents} documents, {report.tokens} tokens, {report.empty} empty"
+          f" documents and {len(report.bad_lines)} bad lines skipped; {report.documents / elapsed:.1f} docs/s, {report.bytes / elapsed / 1e6:.2f} MB/s"
           f" with {workers} worker(s) -> {prefix}.bin/.idx")
     return report

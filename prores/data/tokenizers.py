@@ -20,7 +20,10 @@ class ByteTokenizer:
     vocab_size = 258
 
     def encode(self, text: str) -> torch.Tensor:
-        return torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).to(torch.int32)
+        data = bytearray(text.encode("utf-8"))
+        if not data:  # torch.frombuffer refuses an empty buffer
+            return torch.empty(0, dtype=torch.int32)
+        return torch.frombuffer(data, dtype=torch.uint8).to(torch.int32)
 
     def decode(self, ids) -> str:
         return bytes(int(i) for i in ids if int(i) < 256).decode("utf-8", errors="replace")

