@@ -34,7 +34,7 @@ class ConfigError(UsageError):
     """A bad config value. The message alone tells the user what to change."""
 
 
-def _key(default, *, choices=None, minimum=None, help=""):
+def _key(default, help: str, *, choices=None, minimum=None):
     meta = {"choices": choices, "minimum": minimum, "help": help}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
@@ -43,91 +43,96 @@ def _key(default, *, choices=None, minimum=None, help=""):
 
 @dataclass
 class ModelConfig:
-    num_layers: int = _key(12, minimum=1)
-    hidden_size: int = _key(128, minimum=1)
-    ffn_hidden_size: int = _key(344, minimum=1)
-    num_heads: int = _key(4, minimum=1)
-    seq_length: int = _key(128, minimum=2)
-    dropout: float = _key(0.0, minimum=0.0, help="hidden and attention dropout")
-    norm_layout: str = _key("pre", choices=tuple(LAYOUTS))
-    norm: str = _key("rmsnorm", choices=("layernorm", "rmsnorm"))
-    norm_eps: float = _key(1e-5, minimum=0.0)
-    init: str = _key("normal", choices=tuple(INIT_SCHEMES))
-    init_std: float = _key(0.02, minimum=0.0)
-    position: str = _key("rope", choices=("rope", "learned"))
-    rope_base: float = _key(10000.0, minimum=1.0)
-    mlp: str = _key("swiglu", choices=("swiglu", "gelu"))
-    tie_embeddings: bool = _key(False)
-    vocab_multiple: int = _key(128, minimum=1, help="pad the vocab to a multiple of this")
+    num_layers: int = _key(12, "blocks (L)", minimum=1)
+    hidden_size: int = _key(128, "width of the residual stream", minimum=1)
+    ffn_hidden_size: int = _key(344, "MLP inner width", minimum=1)
+    num_heads: int = _key(4, "attention heads", minimum=1)
+    seq_length: int = _key(128, "tokens per sequence", minimum=2)
+    dropout: float = _key(0.0, "hidden and attention dropout (0 as in the paper)", minimum=0.0)
+    norm_layout: str = _key("pre", "where the norms sit and alpha goes, see the layout table", choices=tuple(LAYOUTS))
+    norm: str = _key("rmsnorm", "the norm", choices=("layernorm", "rmsnorm"))
+    norm_eps: float = _key(1e-5, "the norm's epsilon", minimum=0.0)
+    init: str = _key("normal", "init scheme; deepnorm goes with, and only with, the deepnorm layout",
+                     choices=tuple(INIT_SCHEMES))
+    init_std: float = _key(0.02, "std of the normal init", minimum=0.0)
+    position: str = _key("rope", "position encoding", choices=("rope", "learned"))
+    rope_base: float = _key(10000.0, "RoPE base frequency", minimum=1.0)
+    mlp: str = _key("swiglu", "MLP kind", choices=("swiglu", "gelu"))
+    tie_embeddings: bool = _key(False, "share the embedding with the output head")
+    vocab_multiple: int = _key(128, "pad the vocab to a multiple of this (independent of tp)", minimum=1)
 
 
 @dataclass
 class ProResConfig:
-    schedule: str = _key("linear", choices=tuple(SCHEDULES))
-    T: int = _key(1000, minimum=1)
+    schedule: str = _key("linear", "alpha(l, t), see the schedule table; none turns ProRes off",
+                         choices=tuple(SCHEDULES))
+    T: int = _key(1000, "per-layer warmup length in steps", minimum=1)
 
 
 @dataclass
 class OptimConfig:
-    lr: float = _key(3e-4, minimum=0.0)
-    min_lr_ratio: float = _key(0.0, minimum=0.0)
-    lr_schedule: str = _key("wsd", choices=tuple(LR_SCHEDULES))
-    warmup_steps: int = _key(2000, minimum=0)
-    decay_fraction: float = _key(0.1, minimum=0.0, help="WSD: share of steps in the final decay")
-    betas: list = _key([0.9, 0.95])
-    weight_decay: float = _key(0.1, minimum=0.0)
-    eps: float = _key(1e-8, minimum=0.0)
-    clip_grad: float = _key(1.0, minimum=0.0, help="0 disables clipping")
+    lr: float = _key(3e-4, "peak learning rate (AdamW)", minimum=0.0)
+    min_lr_ratio: float = _key(0.0, "final learning rate as a share of optim.lr", minimum=0.0)
+    lr_schedule: str = _key("wsd", "wsd: warmup, flat, linear decay over the last optim.decay_fraction",
+                            choices=tuple(LR_SCHEDULES))
+    warmup_steps: int = _key(2000, "linear learning-rate warmup steps", minimum=0)
+    decay_fraction: float = _key(0.1, "wsd: share of the steps in the final decay", minimum=0.0)
+    betas: list = _key([0.9, 0.95], "AdamW betas")
+    weight_decay: float = _key(0.1, "AdamW weight decay; never on norm gains and biases", minimum=0.0)
+    eps: float = _key(1e-8, "AdamW epsilon", minimum=0.0)
+    clip_grad: float = _key(1.0, "clip the global gradient norm to this; 0 disables clipping", minimum=0.0)
 
 
 @dataclass
 class DataConfig:
-    paths: list = _key([], help="indexed dataset prefixes (PREFIX.bin/.idx); empty: use data.corpus")
-    weights: list = _key([], help="blend weights, one per path; empty: in proportion to size")
-    corpus: str = _key("shakespeare", help="raw text used when data.paths is empty: 'shakespeare' or a"
-                                           " .txt / .md / .jsonl file, preprocessed once into the run's cache")
-    split: str = _key("95,5,0", help="train,valid,test shares of the documents of every path (Megatron --split)")
-    eval: dict = _key({}, help="held-out sets, name: PREFIX or text file; logged as eval/<name>/loss|ppl")
-    tokenizer: str = _key("byte", help="'byte' or a local tokenizer.json path")
-    json_key: str = _key("text")
-    eval_batches: int = _key(8, minimum=1, help="batches per evaluation of the validation split and each eval set")
+    paths: list = _key([], "indexed datasets (PREFIX of PREFIX.bin/.idx); empty: use data.corpus")
+    weights: list = _key([], "blend weights, one per data.paths entry; empty: in proportion to size")
+    corpus: str = _key("shakespeare", "raw text used when data.paths is empty: shakespeare (packaged) or a"
+                                      " .txt, .md or .jsonl file, preprocessed once into the run's cache")
+    split: str = _key("95,5,0", "train,valid,test shares of every dataset's documents (Megatron's --split)")
+    eval: dict = _key({}, "held-out sets, name: PREFIX or text file; logged as eval/<name>/loss and /ppl")
+    tokenizer: str = _key("byte", "byte (256 bytes, <eod>, <pad>) or a local Hugging Face tokenizer.json")
+    json_key: str = _key("text", "the text field of each jsonl line")
+    eval_batches: int = _key(8, "global batches per evaluation of the validation split and of each eval set",
+                             minimum=1)
 
 
 @dataclass
 class TrainConfig:
-    steps: int = _key(300, minimum=1)
-    micro_batch_size: int = _key(8, minimum=1)
-    grad_accum: int = _key(1, minimum=1)
-    seed: int = _key(1234, minimum=0)
-    log_interval: int = _key(10, minimum=1)
-    eval_interval: int = _key(100, minimum=1)
-    precision: str = _key("fp32", choices=("fp32", "bf16"))
+    steps: int = _key(300, "optimizer steps", minimum=1)
+    micro_batch_size: int = _key(8, "sequences per micro-batch and data-parallel rank", minimum=1)
+    grad_accum: int = _key(1, "micro-batches per step; global batch = micro x accum x dp", minimum=1)
+    seed: int = _key(1234, "weights, data order and dropout", minimum=0)
+    log_interval: int = _key(10, "steps between logged training scalars (and progress lines)", minimum=1)
+    eval_interval: int = _key(100, "steps between evaluations (and one at the end)", minimum=1)
+    precision: str = _key("fp32", "parameters and compute", choices=("fp32", "bf16"))
 
 
 @dataclass
 class CheckpointConfig:
-    interval: int = _key(0, minimum=0, help="steps between checkpoints; 0: only at the end (and on a stop signal)")
-    keep_last: int = _key(2, minimum=0, help="keep the newest N checkpoints; 0: keep all")
-    keep_every: int = _key(0, minimum=0, help="also keep every checkpoint whose step is a multiple of K; 0: none")
+    interval: int = _key(0, "steps between checkpoints; 0: only at the end (and on a stop signal)", minimum=0)
+    keep_last: int = _key(2, "keep the newest N checkpoints; 0: keep all", minimum=0)
+    keep_every: int = _key(0, "also keep every checkpoint whose step is a multiple of K; 0: none", minimum=0)
 
 
 @dataclass
 class ParallelConfig:
-    tp: int = _key(1, minimum=1)
-    pp: int = _key(1, minimum=1)
-    zero_stage: int = _key(1, choices=(0, 1))
-    stage_layers: list = _key([], help="blocks per pipeline stage, e.g. [2, 3]; empty: uniform")
+    tp: int = _key(1, "tensor-parallel size", minimum=1)
+    pp: int = _key(1, "pipeline-parallel size; dp is the world size / (tp x pp)", minimum=1)
+    zero_stage: int = _key(1, "ZeRO stage (optimizer states sharded over dp at 1)", choices=(0, 1))
+    stage_layers: list = _key([], "blocks per pipeline stage, e.g. [2, 3]; empty: an even split")
 
 
 @dataclass
 class LoggingConfig:
-    stats_interval: int = _key(10, minimum=1, help="steps between per-layer statistics")
-    progress_bar: bool = _key(True)
+    stats_interval: int = _key(10, "steps between per-layer statistics", minimum=1)
+    progress_bar: bool = _key(True, "a progress bar on a terminal (a log gets plain lines either way)")
 
 
 @dataclass
 class KernelsConfig:
-    backend: str = _key("auto", choices=("auto",) + tuple(BACKENDS))
+    backend: str = _key("auto", "residual-add + norm kernels, see the kernels table",
+                        choices=("auto",) + tuple(BACKENDS))
 
 
 @dataclass
@@ -144,6 +149,41 @@ class Config:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def flat(self) -> dict[str, Any]:
+        """``{"model.num_layers": 12, ...}``: every key with its value."""
+        return {f"{section}.{k}": v for section, keys in self.to_dict().items() for k, v in keys.items()}
+
+
+@dataclass(frozen=True)
+class KeyDoc:
+    key: str
+    default: Any
+    help: str
+    choices: Optional[tuple]
+
+
+def key_docs() -> list[KeyDoc]:
+    """Every config key, its default, help and allowed values, in registry order."""
+    docs = []
+    for section, cls in typing.get_type_hints(Config).items():
+        for f in dataclasses.fields(cls):
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            docs.append(KeyDoc(f"{section}.{f.name}", default, f.metadata["help"], f.metadata["choices"]))
+    return docs
+
+
+def _yaml_value(value) -> str:
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...").strip()
+
+
+def keys_markdown() -> str:
+    """The README's table of config keys (``prores config --markdown``)."""
+    rows = ["| key | default | meaning |", "| --- | --- | --- |"]
+    for d in key_docs():
+        choices = f"; one of {', '.join(f'`{c}`' for c in d.choices)}" if d.choices else ""
+        rows.append(f"| `{d.key}` | `{_yaml_value(d.default)}` | {d.help}{choices} |")
+    return "\n".join(rows)
 
 
 # ---------------------------------------------------------------- loading

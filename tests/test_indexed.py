@@ -69,5 +69,5 @@ def test_missing_index_is_a_clear_error(world_of_one, tmp_path):
 
 
 def test_a_split_without_documents_is_an_error_not_a_hang(world_of_one, prefixes, tmp_path):
-    with pytest.raises(UsageError, match=r"one_doc' has 1 document\(s\): its valid split \(5%\) gets none"):
+    with pytest.raises(UsageError, match=r"one_doc' has 1 sequence\(s\) \(a document each, .*: its valid split \(5%"):
         build([prefixes[2]], tmp_path)

@@ -42,16 +42,20 @@ class TrainBatches:
         self.consumed = state["consumed"]
 
 
+def check_one_batch(num_samples: int, batch: int, what: str) -> None:
+    if num_samples < batch:
+        raise UsageError(
+            f"{what} has {num_samples} sequences, fewer than one batch of {batch}"
+            " (train.micro_batch_size x data-parallel size); give it more text or lower train.micro_batch_size."
+        )
+
+
 def fixed_batches(samples, micro_batch_size: int, num_batches: int, dp_rank: int = 0, dp_size: int = 1,
                   what: str = "the validation split") -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The first ``num_batches`` global batches (fewer if ``samples`` is short), this rank's share of each."""
     per_step = micro_batch_size * dp_size
+    check_one_batch(len(samples), per_step, what)
     usable = min(num_batches, len(samples) // per_step)
-    if usable == 0:
-        raise UsageError(
-            f"{what} has {len(samples)} sequences, fewer than one batch of {per_step}"
-            " (train.micro_batch_size x data-parallel size); give it more text or lower train.micro_batch_size."
-        )
     return [samples.batch(range(k * per_step + dp_rank * micro_batch_size,
                                 k * per_step + (dp_rank + 1) * micro_batch_size)) for k in range(usable)]
 

@@ -18,6 +18,8 @@ from typing import Optional, Sequence
 
 import torch
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.blended_megatron_dataset_config import (convert_split_vector_to_split_matrix,
+                                                                    parse_and_normalize_split)
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
@@ -34,24 +36,28 @@ class MegatronTokenizer:
         self.unique_identifiers = {"class": "prores", "tokenizer_path": [tokenizer.name]}
 
 
-def check_prefixes(prefixes: Sequence[str]) -> None:
+def check_prefixes(prefixes: Sequence[str], key: str = "data.paths") -> None:
     for prefix in prefixes:
-        for ext in (".bin", ".idx"):
-            if not Path(f"{prefix}{ext}").is_file():
-                raise UsageError(f"indexed dataset '{prefix}': {prefix}{ext} not found; create PREFIX.bin/.idx"
-                                 f" with `prores preprocess INPUT... --output-prefix {prefix}`.")
+        missing = [ext for ext in (".bin", ".idx") if not Path(f"{prefix}{ext}").is_file()]
+        if len(missing) == 2:
+            raise UsageError(f"{key}: '{prefix}' is neither a file nor an indexed dataset ({prefix}.bin/.idx);"
+                             " give a .txt, .md or .jsonl file, or make the dataset with"
+                             f" `prores preprocess INPUT... --output-prefix {prefix}`.")
+        if missing:
+            raise UsageError(f"{key}: indexed dataset '{prefix}': {prefix}{missing[0]} not found; create"
+                             f" PREFIX.bin/.idx with `prores preprocess INPUT... --output-prefix {prefix}`.")
 
 
 def _gpt_config(prefixes: Sequence[str], weights, tokenizer, seq_length: int, seed: int, cache_dir: Path,
                 split: str) -> GPTDatasetConfig:
     check_prefixes(prefixes)
+    check_splits(prefixes, split)
     config = GPTDatasetConfig(
         random_seed=seed, sequence_length=seq_length, split=split, path_to_cache=str(cache_dir),
         blend=(list(prefixes), None if weights is None else [float(w) for w in weights]),
         tokenizer=MegatronTokenizer(tokenizer), reset_position_ids=False, reset_attention_mask=False,
         eod_mask_loss=False, create_attention_mask=False,
     )
-    _check_split_documents(prefixes, config.split_matrix)
     return config
 
 
@@ -71,21 +77,29 @@ def build_eval_dataset(prefix: str, tokenizer, *, seq_length: int, seed: int, ca
     return BlendedMegatronDatasetBuilder(GPTDataset, [None, None, None], lambda: True, config).build()[0]
 
 
-def _check_split_documents(prefixes: Sequence[str], split_matrix) -> None:
-    """Every prefix needs >= 1 document in each used split: with none, megatron-core 0.16.1's
-    GPTDataset._get_num_epochs loops forever (0 tokens per epoch)."""
+def check_splits(prefixes: Sequence[str], split: str) -> None:
+    """Every prefix needs >= 1 sequence in the train and valid splits: with none, megatron-core 0.16.1's
+    GPTDataset._get_num_epochs loops forever (0 tokens per epoch). GPTDataset splits a dataset by
+    sequence (one per document, or per 1 MB piece of a long text file), as counted here."""
+    split_matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(split))
     for prefix in prefixes:
-        num_docs = len(IndexedDataset(prefix).document_indices) - 1
+        num = len(IndexedDataset(prefix).sequence_lengths)
         for name, bounds in zip(("train", "valid"), split_matrix[:2]):
             if bounds is None:
                 continue
             begin, end = bounds
-            if int(round(end * num_docs)) - int(round(begin * num_docs)) < 1:
+            if int(round(end * num)) - int(round(begin * num)) < 1:
                 raise UsageError(
-                    f"indexed dataset '{prefix}' has {num_docs} document(s): its {name} split"
-                    f" ({(end - begin) * 100:.0f}%) gets none. Split the input into more documents"
-                    " (e.g. jsonl lines) or give that split a larger share."
+                    f"indexed dataset '{prefix}' has {num} sequence(s) (a document each, or 1 MB of a long"
+                    f" text file): its {name} split ({(end - begin) * 100:.0f}%, data.split={split!r}) gets none."
+                    " Give it more documents (e.g. jsonl lines, or several text files) or that split a larger share."
                 )
+
+
+def eval_windows(prefix: str, seq_length: int) -> int:
+    """Samples in one epoch of a whole dataset, as GPTDataset counts them: each window reads
+    seq_length + 1 tokens (add_extra_token_to_sequence), windows overlap by that one token."""
+    return max(int(IndexedDataset(prefix).sequence_lengths.sum()) - 1, 0) // seq_length
 
 
 class IndexedSamples:

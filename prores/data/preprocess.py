@@ -16,6 +16,7 @@ import contextlib
 import json
 import multiprocessing
 import os
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -112,7 +113,9 @@ def preprocess(inputs: list[str], output_prefix: str, json_key: str = "text", to
     tok = load_tokenizer(tokenizer)
     prefix = Path(output_prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    tmp_bin, tmp_idx = Path(f"{prefix}.bin.tmp"), Path(f"{prefix}.idx.tmp")
+    # private temporaries: processes that preprocess the same inputs at once each rename whole files
+    private = f"{socket.gethostname()}-{os.getpid()}.tmp"
+    tmp_bin, tmp_idx = Path(f"{prefix}.bin.{private}"), Path(f"{prefix}.idx.{private}")
     report, start = Report(), time.perf_counter()
     builder = IndexedDatasetBuilder(str(tmp_bin), dtype=DType.optimal_dtype(tok.vocab_size))
     bar = None

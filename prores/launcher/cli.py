@@ -1,10 +1,13 @@
-"""The ``prores`` console script: ``prores train`` and ``prores preprocess``."""
+"""The ``prores`` console script: ``prores train``, ``prores preprocess`` and ``prores config``."""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import logging
 import os
+import signal
 import sys
 import time
 import warnings
@@ -13,17 +16,32 @@ from pathlib import Path
 from prores.errors import UsageError
 
 
-def _quiet_dependencies() -> None:
+def _quiet_dependencies(verbose: bool) -> None:
+    """DeepSpeed's start-up chatter (its logger, and the prints prores silences with it) shows only
+    with --verbose; warnings about optional packages never do."""
     for message in ("Transformer Engine and Apex are not installed", "full scope is deprecated",
                     ".*tp_group is None"):
         warnings.filterwarnings("ignore", message=message)
-    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-    try:
-        from deepspeed.utils import logger as ds_logger
+    import torch
 
-        ds_logger.setLevel(logging.WARNING)
-    except ImportError:
-        pass
+    if not torch.cuda.is_available():  # said, not detected: DeepSpeed warns on every start when it detects a CPU
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from deepspeed.utils import logger as ds_logger
+
+    ds_logger.setLevel(logging.INFO if verbose else logging.WARNING)
+
+
+def default_run_dir(config: str | None, cfg) -> Path:
+    """``runs/<config name>``, and ``-<hash>`` of what ``--set`` changed if it changed anything: a run
+    with other settings never resumes from, or lands in, the plain config's directory."""
+    from prores.config import DEFAULT_CONFIG, load_config
+
+    plain = load_config(config).flat()
+    changed = {k: v for k, v in cfg.flat().items() if plain[k] != v}
+    name = Path(config or DEFAULT_CONFIG).stem
+    if not changed:
+        return Path("runs") / name
+    return Path("runs") / f"{name}-{hashlib.sha256(json.dumps(changed, sort_keys=True).encode()).hexdigest()[:8]}"
 
 
 def _cmd_train(args) -> int:
@@ -34,8 +52,23 @@ def _cmd_train(args) -> int:
         raise UsageError("--overwrite goes with --no-resume (start afresh, deleting the old checkpoints);"
                          " without --no-resume `prores train` resumes.")
     cfg = load_config(args.config, tuple(args.set))
-    run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / Path(args.config or "tiny").stem
+    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.config, cfg)
     train(cfg, run_dir, resume=not args.no_resume, overwrite=args.overwrite)
+    return 0
+
+
+def _cmd_config(args) -> int:
+    from prores.config import key_docs, keys_markdown, load_config
+
+    if args.markdown:
+        print(keys_markdown())
+        return 0
+    values = load_config(args.config, tuple(args.set)).flat()
+    for doc in key_docs():
+        value, default = json.dumps(values[doc.key]), json.dumps(doc.default)
+        note = "" if value == default else f" [default {default}]"
+        choices = f" ({', '.join(map(str, doc.choices))})" if doc.choices else ""
+        print(f"{doc.key:<25} {value:<14} {doc.help}{choices}{note}")
     return 0
 
 
@@ -65,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start fresh; refused if the run directory has checkpoints, unless --overwrite")
     p.add_argument("--overwrite", action="store_true",
                    help="with --no-resume: delete the run directory's checkpoints and events first")
+    p.add_argument("--verbose", action="store_true", help="show DeepSpeed's start-up messages (its INFO log)")
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("preprocess", help="jsonl or text files -> Megatron PREFIX.bin / PREFIX.idx")
@@ -76,12 +110,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--on-bad-line", choices=("skip", "fail"), default="skip",
                    help="a malformed jsonl line is reported and skipped (default) or stops the run")
     p.set_defaults(func=_cmd_preprocess)
+
+    p = sub.add_parser("config", help="every config key with its value, default and meaning")
+    p.add_argument("config", nargs="?", default=None, help="YAML config (default: packaged configs/tiny.yaml)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one key (repeatable)")
+    p.add_argument("--markdown", action="store_true", help="the defaults as the README's Markdown table")
+    p.set_defaults(func=_cmd_config)
     return parser
+
+
+def _end_torchrun_agent() -> None:
+    """torchrun answers a worker's failure with a ChildFailedError traceback of some 40 lines that buries
+    the one-line message. A usage error fails every worker alike, so each ends its torchrun agent
+    instead (torchrun's exit status is then 137); under deepspeed and srun the launcher's own one-line
+    report follows the message."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    agent = os.getppid()
+    try:
+        argv = Path(f"/proc/{agent}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return
+    if any(arg.endswith((b"torchrun", b"torch.distributed.run")) for arg in argv[:3]):
+        os.kill(agent, signal.SIGKILL)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _quiet_dependencies()
+    _quiet_dependencies(getattr(args, "verbose", False))
     try:
         return args.func(args)
     except UsageError as exc:
@@ -91,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"prores: error: {exc}", file=sys.stderr, flush=True)
         else:
             time.sleep(3)
+        _end_torchrun_agent()
         return 2
 
 

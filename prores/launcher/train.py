@@ -10,11 +10,12 @@ updates.
 
 from __future__ import annotations
 
-import json
 import math
+import os
+import statistics
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 from megatron.core import parallel_state
@@ -25,7 +26,10 @@ from prores.data.sources import build_run_data
 from prores.data.tokenizers import load_tokenizer
 from prores.launcher.checkpoint import Checkpoints, Found, tag_of
 from prores.launcher.lr import LR_SCHEDULES
+from prores.launcher.preflight import clean_up_failed_start, preflight
+from prores.launcher.progress import Progress
 from prores.launcher.slurm import StopSignals, requeue
+from prores.launcher.summary import SUMMARY, Summary
 from prores.model import fused
 from prores.model.block import Block
 from prores.model.gpt import gpt_pieces, lm_loss
@@ -36,15 +40,6 @@ from prores.parallel import topology as topo_mod
 from prores.parallel.grad_norm import GlobalNormAdamW
 from prores.parallel.pipeline import build_pipeline, uniform_blocks
 from prores.parallel.zero_reshard import load_with_other_dp
-
-
-@dataclass
-class Summary:
-    steps: int
-    final_valid_loss: float
-    unigram_entropy: float
-    tokens_per_sec: float
-    stopped: bool = False  # by a stop signal, before train.steps
 
 
 def clips_itself(cfg: Config) -> bool:
@@ -98,23 +93,6 @@ def run_data(cfg: Config, run_dir: Path, tokenizer, dp_rank: int = 0, dp: int = 
                           cache_dir=run_dir / "cache", dp_rank=dp_rank, dp_size=dp)
 
 
-def check_resumable(found: Found, cfg: Config) -> None:
-    """Resuming changes dp freely; tp, pp and the model must be the ones the checkpoint was written with."""
-    saved = found.manifest["parallel"]
-    if (saved["tp"], saved["pp"]) != (cfg.parallel.tp, cfg.parallel.pp):
-        raise UsageError(
-            f"checkpoint {found.path} was written with parallel.tp={saved['tp']} parallel.pp={saved['pp']}, this"
-            f" run has tp={cfg.parallel.tp} pp={cfg.parallel.pp}. A resume may change dp (the number of"
-            f" processes) but not tp or pp: use --set parallel.tp={saved['tp']} --set parallel.pp={saved['pp']},"
-            " or start a new --run-dir."
-        )
-    model = found.manifest["config"]["model"]
-    changed = [f"model.{k}: {model.get(k)!r} -> {v!r}" for k, v in cfg.to_dict()["model"].items() if model.get(k) != v]
-    if changed:
-        raise UsageError(f"checkpoint {found.path} holds a different model ({'; '.join(changed)});"
-                         " resume with the same model keys, or start a new --run-dir.")
-
-
 class Trainer:
     """Builds everything for one run directory; resumes from its newest good checkpoint unless told not to.
 
@@ -132,11 +110,9 @@ class Trainer:
         if overwrite and not resume:
             self.checkpoints.remove_all()
             if self.topo.rank == 0:
-                for old in [*run_dir.glob("events.out.tfevents.*"), run_dir / "summary.json"]:
+                for old in [*run_dir.glob("events.out.tfevents.*"), run_dir / SUMMARY]:
                     old.unlink(missing_ok=True)
-        found = self.checkpoints.newest_good(self.say) if resume else None
-        if found is not None:
-            check_resumable(found, cfg)  # before anything is built or written
+        found = self.checkpoints.newest_good(self.say) if resume else None  # preflight checked it fits
 
         tokenizer = load_tokenizer(cfg.data.tokenizer)
         self.data = run_data(cfg, run_dir, tokenizer, self.topo.dp_rank, self.topo.dp)
@@ -237,28 +213,23 @@ class Trainer:
     def fit(self) -> Summary:
         """Train to ``train.steps``, or until a stop signal: then save, requeue under Slurm, and return."""
         cfg = self.cfg
-        bar = None
-        if cfg.logging.progress_bar and self.topo.is_loss_writer:
-            from tqdm import tqdm
-
-            bar = tqdm(total=cfg.train.steps, initial=self.step, desc="train", dynamic_ncols=True)
-        valid_loss, tok_s, stopped = float("nan"), [], False
+        progress = Progress(cfg.train.steps, self.step, cfg.train.log_interval,
+                            bar=cfg.logging.progress_bar and self.topo.is_loss_writer,
+                            quiet=not self.topo.is_loss_writer)
+        valid_loss, step_rates, stopped = float("nan"), [], False
         if self.step and (self.step % cfg.train.eval_interval == 0 or self.step >= cfg.train.steps):
             valid_loss = self.evaluate()  # mark_resume dropped the interrupted run's entries at this step
+        start = time.perf_counter()
         with StopSignals() as stop:
             while self.step < cfg.train.steps:
                 metrics = self.train_step()
-                tok_s.append(metrics["train/tokens_per_sec"])
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", lr=f"{metrics['train/lr']:.2e}",
-                                    tok_s=f"{metrics['train/tokens_per_sec']:.0f}")
+                step_rates.append(metrics["train/tokens_per_sec"])
+                progress.step(self.step, metrics)
                 done = self.step == cfg.train.steps
                 if self.step % cfg.train.eval_interval == 0 or done:
                     valid_loss = self.evaluate()
-                    if bar is not None:
-                        bar.write(f"step {self.step}: valid loss {valid_loss:.4f}"
-                                  f" (unigram entropy {self.data.unigram_entropy:.4f})")
+                    progress.write(f"step {self.step}: valid loss {valid_loss:.4f}"
+                                   f" (unigram entropy {self.data.unigram_entropy:.4f})")
                 interval = cfg.checkpoint.interval
                 saved = done or (interval and self.step % interval == 0)
                 if saved:
@@ -271,27 +242,44 @@ class Trainer:
                         self.say(requeue())
                     stopped = True
                     break
-        if bar is not None:
-            bar.close()
+        wall = time.perf_counter() - start
+        progress.close()
         self.writer.close()
-        steady = tok_s[len(tok_s) // 2:] or [float("nan")]  # skip warm-up steps
+        trained = len(step_rates)
         return Summary(steps=self.step, final_valid_loss=valid_loss, unigram_entropy=self.data.unigram_entropy,
-                       tokens_per_sec=sum(steady) / len(steady), stopped=stopped)
+                       tokens_per_sec=trained * self.tokens_per_step / wall if trained else None,
+                       steady_tokens_per_sec=statistics.median(step_rates[trained // 2:]) if trained else None,
+                       stopped=stopped)
 
 
-def train(cfg: Config, run_dir: Path, resume: bool = True, overwrite: bool = False) -> Summary:
-    if not resume and not overwrite and Checkpoints(run_dir).exist():
-        raise UsageError(f"run directory '{run_dir}' already has checkpoints; without --no-resume `prores train`"
-                         " resumes from the newest, --no-resume --overwrite deletes them and starts afresh,"
-                         " or pass a new --run-dir.")
+def _rate(tokens_per_sec: Optional[float]) -> str:
+    return "n/a" if tokens_per_sec is None else f"{tokens_per_sec:.0f}"
+
+
+def train(cfg: Config, run_dir: Path, resume: bool = True, overwrite: bool = False) -> Optional[Summary]:
+    """One run in ``run_dir``; None when the run was finished already (nothing is touched then)."""
+    created = not run_dir.exists()
+    try:
+        plan = preflight(cfg, run_dir, resume, overwrite)
+    except UsageError:
+        clean_up_failed_start(run_dir, created, int(os.environ.get("WORLD_SIZE", "1")))
+        raise
+    if plan.finished:
+        if plan.rank == 0:
+            print(f"run directory {run_dir} is finished (step {plan.newest.step}, train.steps={cfg.train.steps});"
+                  " its summary.json is left as it was. To train further, raise train.steps.")
+        return None
     run_dir.mkdir(parents=True, exist_ok=True)
+    if plan.rank == 0:
+        print(f"run directory {run_dir}", flush=True)
     trainer = Trainer(cfg, run_dir, resume=resume, overwrite=overwrite)
     if trainer.topo.rank == 0:
         dump_config(cfg, run_dir / "config.yaml")
     summary = trainer.fit()
     if trainer.topo.is_loss_writer and not summary.stopped:
-        (run_dir / "summary.json").write_text(json.dumps(summary.__dict__, indent=2))
+        summary.write(run_dir)
         print(f"final valid loss {summary.final_valid_loss:.4f} nats/token"
               f" vs unigram entropy {summary.unigram_entropy:.4f} nats/token"
-              f" ({summary.tokens_per_sec:.0f} tokens/s)")
+              f" ({_rate(summary.tokens_per_sec)} tokens/s over the run,"
+              f" {_rate(summary.steady_tokens_per_sec)} in the steady state)")
     return summary

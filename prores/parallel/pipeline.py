@@ -7,6 +7,9 @@ pieces after the last block (final norm, head) join the last stage.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 from typing import Callable, Sequence
 
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
@@ -61,5 +64,8 @@ class StagedPipeline(PipelineModule):
 
 def build_pipeline(pieces, loss_fn: Callable, topology, is_block: Callable, blocks_per_stage: Sequence[int]):
     bounds = stage_bounds([is_block(p) for p in pieces], blocks_per_stage)
-    return StagedPipeline(bounds=bounds, layers=layer_specs(pieces), loss_fn=loss_fn,
-                          topology=topology.ds_topology, activation_checkpoint_interval=0)
+    # PipelineModule print()s its seed settings and topology; they show when DeepSpeed's logger is at INFO
+    verbose = logging.getLogger("DeepSpeed").isEnabledFor(logging.INFO)
+    with contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO()):
+        return StagedPipeline(bounds=bounds, layers=layer_specs(pieces), loss_fn=loss_fn,
+                              topology=topology.ds_topology, activation_checkpoint_interval=0)

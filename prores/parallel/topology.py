@@ -105,6 +105,12 @@ def check_divisible(world_size: int, tp: int, pp: int) -> int:
     return world_size // (tp * pp)
 
 
+def launched_as(tp: int, pp: int) -> tuple[int, int]:
+    """(rank, dp) of this process from the launcher's variables alone, before any process group."""
+    _ensure_rendezvous_env()
+    return int(os.environ["RANK"]), check_divisible(int(os.environ["WORLD_SIZE"]), tp, pp)
+
+
 def init(tp: int, pp: int) -> Topology:
     import deepspeed
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
@@ -112,6 +118,13 @@ def init(tp: int, pp: int) -> Topology:
 
     _ensure_rendezvous_env()
     dp = check_divisible(int(os.environ["WORLD_SIZE"]), tp, pp)
+    if not torch.cuda.is_available():
+        # DeepSpeed JIT-builds its shared-memory collectives op on CPUs when it starts (30 s or more on a
+        # cold extension cache); the op serves only deepspeed.comm.inference_all_reduce, which prores
+        # never calls. Marked incompatible, it is never built and DeepSpeed uses torch.distributed.
+        import deepspeed.ops
+
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo",
                                    verbose=False)

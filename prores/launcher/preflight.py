@@ -1,0 +1,88 @@
+"""What `prores train` checks before a process group, DeepSpeed or any op build starts.
+
+Every rank runs it alone, on files only, so that bad input is one clear error
+within seconds whatever the launcher and the extension cache: the launch
+against tp × pp, the run directory (finished, a checkpoint of another model or
+layout, checkpoints under --no-resume) and the data (files, tokenizer, enough
+of it in every split). Raw text is preprocessed into the run's cache here.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from prores.config import Config
+from prores.data.sources import check_sources, resolve_sources
+from prores.data.tokenizers import load_tokenizer
+from prores.errors import UsageError
+from prores.launcher.checkpoint import Checkpoints, Found
+from prores.launcher.summary import SUMMARY
+from prores.parallel.topology import launched_as
+
+
+@dataclass
+class Plan:
+    rank: int
+    dp: int
+    newest: Optional[Found]  # the newest checkpoint to resume from (verified later, by all ranks)
+    finished: bool  # the newest checkpoint is at or past train.steps and the summary was written
+
+
+def check_resumable(found: Found, cfg: Config) -> None:
+    """Resuming changes dp freely; tp, pp and the model must be the ones the checkpoint was written with."""
+    saved = found.manifest["parallel"]
+    if (saved["tp"], saved["pp"]) != (cfg.parallel.tp, cfg.parallel.pp):
+        raise UsageError(
+            f"checkpoint {found.path} was written with parallel.tp={saved['tp']} parallel.pp={saved['pp']}, this"
+            f" run has tp={cfg.parallel.tp} pp={cfg.parallel.pp}. A resume may change dp (the number of"
+            f" processes) but not tp or pp: use --set parallel.tp={saved['tp']} --set parallel.pp={saved['pp']},"
+            " or start a new --run-dir."
+        )
+    model = found.manifest["config"]["model"]
+    changed = [f"model.{k}: {model.get(k)!r} -> {v!r}" for k, v in cfg.to_dict()["model"].items() if model.get(k) != v]
+    if changed:
+        raise UsageError(f"checkpoint {found.path} holds a different model ({'; '.join(changed)});"
+                         " resume with the same model keys, or start a new --run-dir.")
+
+
+def check_run_dir(cfg: Config, run_dir: Path, resume: bool, overwrite: bool) -> Optional[Found]:
+    """The checkpoint a resume starts from, if any."""
+    checkpoints = Checkpoints(run_dir)
+    if not resume:
+        if checkpoints.exist() and not overwrite:
+            raise UsageError(f"run directory '{run_dir}' already has checkpoints; without --no-resume `prores train`"
+                             " resumes from the newest, --no-resume --overwrite deletes them and starts afresh,"
+                             " or pass a new --run-dir.")
+        return None
+    found = checkpoints.newest_manifest()
+    if found is not None:
+        check_resumable(found, cfg)
+    return found
+
+
+def preflight(cfg: Config, run_dir: Path, resume: bool = True, overwrite: bool = False) -> Plan:
+    rank, dp = launched_as(cfg.parallel.tp, cfg.parallel.pp)
+    newest = check_run_dir(cfg, run_dir, resume, overwrite)
+    if newest is not None and newest.step >= cfg.train.steps and (run_dir / SUMMARY).is_file():
+        return Plan(rank, dp, newest, finished=True)
+    load_tokenizer(cfg.data.tokenizer)
+    sources = resolve_sources(cfg.data, run_dir / "cache")
+    check_sources(sources, cfg.data, seq_length=cfg.model.seq_length, batch=cfg.train.micro_batch_size * dp)
+    return Plan(rank, dp, newest, finished=False)
+
+
+def clean_up_failed_start(run_dir: Path, created: bool, world_size: int) -> None:
+    """A start that failed its checks leaves no run directory behind: a world of one removes the one it
+    created (it holds at most a data cache), and every rank removes empty ones (another rank may still
+    be reading a cache, so launched ranks never delete files)."""
+    if created and world_size == 1:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return
+    for path in (run_dir / "cache" / "text", run_dir / "cache", run_dir):
+        try:
+            path.rmdir()
+        except OSError:  # not empty, or not there
+            pass

@@ -1,0 +1,28 @@
+"""``RUN/summary.json``: what a finished run leaves for people and for tools (strict JSON: null, never NaN)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+SUMMARY = "summary.json"
+
+
+@dataclass
+class Summary:
+    steps: int
+    final_valid_loss: Optional[float]
+    unigram_entropy: float
+    # training tokens of this process's steps / wall time of its training loop (evaluations and
+    # checkpoints included); None when it trained no step (a resume at the last step)
+    tokens_per_sec: Optional[float]
+    # the median over the second half of those steps, train_batch alone: the steady state
+    steady_tokens_per_sec: Optional[float]
+    stopped: bool = False  # by a stop signal, before train.steps
+
+    def write(self, run_dir: Path) -> None:
+        finite = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in asdict(self).items()}
+        (run_dir / SUMMARY).write_text(json.dumps(finite, indent=2, allow_nan=False))
