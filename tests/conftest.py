@@ -82,9 +82,9 @@ def cli_command(*args, launcher=None) -> list[str]:
     return [*prefix, *args]
 
 
-def run_cli(*args, launcher=None, timeout=900, **extra_env) -> subprocess.CompletedProcess:
+def run_cli(*args, launcher=None, timeout=900, cwd=None, **extra_env) -> subprocess.CompletedProcess:
     return subprocess.run(cli_command(*args, launcher=launcher), capture_output=True, text=True, timeout=timeout,
-                          env=child_env(**extra_env))
+                          env=child_env(**extra_env), cwd=cwd)
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -56,10 +57,23 @@ def test_sweep_covers_every_depth_with_prores_on_and_off():
     assert past.returncode == 2 and f"submit with --array=0-{len(rows) - 1}" in past.stderr
 
 
+def readme_docker_run() -> list[str]:
+    line = next(l for l in (ROOT / "README.md").read_text().splitlines() if l.startswith("docker run "))
+    return shlex.split(line.split("#")[0])
+
+
+def test_readme_docker_run_keeps_the_results_on_the_host():
+    """The working directory is mounted and is the container's: runs/ lands next to the user."""
+    args = readme_docker_run()
+    mount = args[args.index("-v") + 1].split(":")
+    assert mount == ["$PWD", args[args.index("-w") + 1]] and args[-1] == "train"
+
+
 @pytest.mark.slow
 def test_the_image_builds_and_trains_like_the_host(tmp_path):
     """podman builds the Dockerfile on a debootstrap stand-in for the NGC base (no registry here);
-    a tiny run inside the container ends at the host's loss, bit for bit (same CPU torch)."""
+    a tiny run inside the container, started as the README says, leaves its run directory on the host
+    and ends at the host's loss, bit for bit (same CPU torch)."""
     need(bool(shutil.which("podman") and shutil.which("debootstrap")), NO_PODMAN)
     env = os.environ | {"CONTAINERS_CONF": str(ROOT / "docker" / "containers.conf")}
     tag = "localhost/prores:test"
@@ -70,15 +84,26 @@ def test_the_image_builds_and_trains_like_the_host(tmp_path):
                                env=env, timeout=300)
     assert help_text.returncode == 0 and "--no-resume" in help_text.stdout
     args = ["--set", "model.num_layers=2", "--set", "model.seq_length=32", "--set", "train.micro_batch_size=4",
-            "--set", "train.steps=4", "--set", "data.eval_batches=1", "--set", "kernels.backend=eager",
-            "--set", "logging.progress_bar=false"]
-    inside = subprocess.run(["podman", "run", "--rm", "-v", f"{tmp_path}:/work", tag, "train", "--run-dir",
-                             "/work/image", *args], capture_output=True, text=True, env=env, timeout=600)
+            "--set", "train.steps=4", "--set", "data.eval_batches=1", "--set", "kernels.backend=eager"]
+    image_dir, host_dir = tmp_path / "image", tmp_path / "host"
+    image_dir.mkdir()
+    host_dir.mkdir()
+    run = readme_docker_run()  # docker run FLAGS... IMAGE train
+    gpus = run.index("--gpus")  # no GPU here
+    flags = [f.replace("$PWD", str(image_dir)) for f in run[2:gpus] + run[gpus + 2:-2]]
+    inside = subprocess.run(["podman", "run", "--rm", *flags, tag, "train", *args], capture_output=True, text=True,
+                            env=env, timeout=600)
     assert inside.returncode == 0, inside.stderr[-3000:]
-    prebuilt = subprocess.run(["podman", "run", "--rm", "--entrypoint", "bash", tag, "-c",
-                               'find "$TORCH_EXTENSIONS_DIR" -name "*.so"'], capture_output=True, text=True, env=env)
-    assert "deepspeed_shm_comm" in prebuilt.stdout  # DeepSpeed's start-up JIT op ships inside the image
-    host = run_cli("train", "--run-dir", str(tmp_path / "host"), *args)
+    host = run_cli("train", *args, cwd=host_dir)
     assert host.returncode == 0, host.stderr[-3000:]
-    losses = [json.loads((tmp_path / d / "summary.json").read_text())["final_valid_loss"] for d in ("image", "host")]
+    def summaries(d):
+        return [p.relative_to(d) for p in d.glob("runs/*/summary.json")]
+
+    assert summaries(image_dir) == summaries(host_dir) and len(summaries(host_dir)) == 1  # on the host, same name
+    losses = [json.loads((d / summaries(d)[0]).read_text())["final_valid_loss"] for d in (image_dir, host_dir)]
     assert losses[0] == losses[1]
+
+
+def test_the_files_the_dockerfile_cites_exist():
+    cited = re.findall(r"\b(?:tests|docker|slurm|prores)/[\w/.-]+\.(?:py|sh)\b", (ROOT / "Dockerfile").read_text())
+    assert cited and [c for c in cited if not (ROOT / c).is_file()] == []

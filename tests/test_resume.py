@@ -123,6 +123,7 @@ def test_resume_after_sigkill_repeats_the_run_bit_for_bit(straight, name, tmp_pa
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(straight, tmp_path):
     run = tmp_path / "A"
     shutil.copytree(straight["pp1"], run)
+    (run / "summary.json").unlink()  # killed after its last checkpoint: not finished
     victim = run / "checkpoints" / f"global_step{STEPS}" / "layer_03-model_00-model_states.pt"
     size = victim.stat().st_size
     half = size // 2

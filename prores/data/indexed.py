@@ -83,7 +83,8 @@ def check_splits(prefixes: Sequence[str], split: str) -> None:
     sequence (one per document, or per 1 MB piece of a long text file), as counted here."""
     split_matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(split))
     for prefix in prefixes:
-        num = len(IndexedDataset(prefix).sequence_lengths)
+        dataset = IndexedDataset(prefix)  # alive while its mmap'd arrays are read
+        num = len(dataset.sequence_lengths)
         for name, bounds in zip(("train", "valid"), split_matrix[:2]):
             if bounds is None:
                 continue
@@ -99,7 +100,8 @@ def check_splits(prefixes: Sequence[str], split: str) -> None:
 def eval_windows(prefix: str, seq_length: int) -> int:
     """Samples in one epoch of a whole dataset, as GPTDataset counts them: each window reads
     seq_length + 1 tokens (add_extra_token_to_sequence), windows overlap by that one token."""
-    return max(int(IndexedDataset(prefix).sequence_lengths.sum()) - 1, 0) // seq_length
+    dataset = IndexedDataset(prefix)  # alive while its mmap'd arrays are read
+    return max(int(dataset.sequence_lengths.sum()) - 1, 0) // seq_length
 
 
 class IndexedSamples:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import logging
 import os
 import signal
 import sys
@@ -26,9 +25,9 @@ def _quiet_dependencies(verbose: bool) -> None:
 
     if not torch.cuda.is_available():  # said, not detected: DeepSpeed warns on every start when it detects a CPU
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    from deepspeed.utils import logger as ds_logger
+    from deepspeed.utils.logging import set_log_level_from_string
 
-    ds_logger.setLevel(logging.INFO if verbose else logging.WARNING)
+    set_log_level_from_string("info" if verbose else "warning")  # the logger and its handler
 
 
 def default_run_dir(config: str | None, cfg) -> Path:

@@ -16,11 +16,12 @@ class Summary:
     steps: int
     final_valid_loss: Optional[float]
     unigram_entropy: float
-    # training tokens of this process's steps / wall time of its training loop (evaluations and
-    # checkpoints included); None when it trained no step (a resume at the last step)
+    # tokens of the steps this process trained / train_seconds; None when it trained none (a resume
+    # at the last step)
     tokens_per_sec: Optional[float]
-    # the median over the second half of those steps, train_batch alone: the steady state
+    # the median over the second half of those steps, each step's train_batch alone: the steady state
     steady_tokens_per_sec: Optional[float]
+    train_seconds: float  # wall time of this process's training loop, evaluations and checkpoints included
     stopped: bool = False  # by a stop signal, before train.steps
 
     def write(self, run_dir: Path) -> None:

@@ -249,7 +249,7 @@ class Trainer:
         return Summary(steps=self.step, final_valid_loss=valid_loss, unigram_entropy=self.data.unigram_entropy,
                        tokens_per_sec=trained * self.tokens_per_step / wall if trained else None,
                        steady_tokens_per_sec=statistics.median(step_rates[trained // 2:]) if trained else None,
-                       stopped=stopped)
+                       train_seconds=wall, stopped=stopped)
 
 
 def _rate(tokens_per_sec: Optional[float]) -> str:
