@@ -5,9 +5,11 @@ so files larger than memory work. Tokenization runs in a process pool whose
 ``imap`` keeps input order, so the output does not depend on ``--workers``.
 Every document ends with the tokenizer's end-of-document token; an empty
 document (no tokens) is skipped and counted, and inputs with no text at all
-are an error. A bad jsonl line (invalid JSON, missing key, not a string) is reported with file and line
-number and either counted and skipped or fatal. Outputs are written under
-temporary names and renamed at the end: a failed run leaves nothing behind.
+are an error. A bad jsonl line (invalid JSON, missing key, not a string) is
+reported with file and line number and either counted and skipped or fatal.
+Outputs are written under private temporary names and renamed at the end: a
+failed run leaves nothing behind, and processes that preprocess the same
+inputs at once each put whole, identical files in place.
 """
 
 from __future__ import annotations
@@ -113,7 +115,6 @@ def preprocess(inputs: list[str], output_prefix: str, json_key: str = "text", to
     tok = load_tokenizer(tokenizer)
     prefix = Path(output_prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    # private temporaries: processes that preprocess the same inputs at once each rename whole files
     private = f"{socket.gethostname()}-{os.getpid()}.tmp"
     tmp_bin, tmp_idx = Path(f"{prefix}.bin.{private}"), Path(f"{prefix}.idx.{private}")
     report, start = Report(), time.perf_counter()
@@ -163,6 +164,6 @@ def preprocess(inputs: list[str], output_prefix: str, json_key: str = "text", to
             tmp.unlink(missing_ok=True)
     elapsed = max(time.perf_counter() - start, 1e-9)
     print(f"prores preprocess: {report.documents} documents, {report.tokens} tokens, {report.empty} empty"
-          f" documents and {len(report.bad_lines)} bad lines skipped; {report.documents / elapsed:.1f} docs/s, {report.bytes / elapsed / 1e6:.2f} MB/s"
-          f" with {workers} worker(s) -> {prefix}.bin/.idx")
+          f" documents and {len(report.bad_lines)} bad lines skipped; {report.documents / elapsed:.1f} docs/s,"
+          f" {report.bytes / elapsed / 1e6:.2f} MB/s with {workers} worker(s) -> {prefix}.bin/.idx")
     return report

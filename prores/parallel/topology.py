@@ -116,8 +116,7 @@ def init(tp: int, pp: int) -> Topology:
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
     from megatron.core import parallel_state
 
-    _ensure_rendezvous_env()
-    dp = check_divisible(int(os.environ["WORLD_SIZE"]), tp, pp)
+    _, dp = launched_as(tp, pp)
     if not torch.cuda.is_available():
         # DeepSpeed JIT-builds its shared-memory collectives op on CPUs when it starts (30 s or more on a
         # cold extension cache); the op serves only deepspeed.comm.inference_all_reduce, which prores
