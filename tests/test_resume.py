@@ -217,9 +217,10 @@ def test_retention_keeps_the_newest_and_every_kth(tmp_path):
     assert (tmp_path / "checkpoints" / "latest").read_text() == "global_step10"
 
 
-def test_sbatch_preemption_checkpoints_requeues_and_finishes(straight, tmp_path):
+def test_sbatch_preemption_checkpoints_requeues_and_finishes(request, tmp_path):
     """slurm/train.sbatch with 2 tasks (tp=2); SIGUSR1 to the batch shell -> save, requeue, resume, finish."""
     need(slurm_available(), NO_SLURM)
+    straight = request.getfixturevalue("straight")  # only once Slurm is known to answer
     args = train_args("IGNORED", "parallel.tp=2", "checkpoint.interval=5")[3:]  # the --set pairs
     env = child_env(PRORES_PYTHON=sys.executable, PRORES_RUN_DIR=str(tmp_path / "run"))
     sub = subprocess.run(["sbatch", "--parsable", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1",
