@@ -90,9 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", nargs="?", default=None, help="YAML config (default: packaged configs/tiny.yaml)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one config key, e.g. --set model.num_layers=48 (repeatable)")
-    p.add_argument("--run-dir", default=None, help="where events, config.yaml and checkpoints go"
-                                                   " (default: runs/<config name>); a run directory with"
-                                                   " checkpoints is resumed from the newest good one")
+    p.add_argument("--run-dir", default=None, help="where events, config.yaml and checkpoints go (default:"
+                                                   " runs/<config name>, plus -<hash> of what --set changes);"
+                                                   " a run directory with checkpoints is resumed from the"
+                                                   " newest good one")
     p.add_argument("--no-resume", action="store_true",
                    help="start fresh; refused if the run directory has checkpoints, unless --overwrite")
     p.add_argument("--overwrite", action="store_true",
