@@ -85,11 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Run `prores COMMAND --help` for the options of one command.")
     # the deepspeed launcher passes --local_rank=N before the subcommand; LOCAL_RANK says the same
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    config = argparse.ArgumentParser(add_help=False)  # how train and config name a configuration
+    config.add_argument("config", nargs="?", default=None, help="YAML config (default: packaged configs/tiny.yaml)")
+    config.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one config key, e.g. --set model.num_layers=48 (repeatable)")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("train", help="train a model (default: the packaged tiny config)")
-    p.add_argument("config", nargs="?", default=None, help="YAML config (default: packaged configs/tiny.yaml)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one config key, e.g. --set model.num_layers=48 (repeatable)")
+    p = sub.add_parser("train", parents=[config], help="train a model (default: the packaged tiny config)")
     p.add_argument("--run-dir", default=None, help="where events, config.yaml and checkpoints go (default:"
                                                    " runs/<config name>, plus -<hash> of what --set changes);"
                                                    " a run directory with checkpoints is resumed from the"
@@ -111,9 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a malformed jsonl line is reported and skipped (default) or stops the run")
     p.set_defaults(func=_cmd_preprocess)
 
-    p = sub.add_parser("config", help="every config key with its value, default and meaning")
-    p.add_argument("config", nargs="?", default=None, help="YAML config (default: packaged configs/tiny.yaml)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one key (repeatable)")
+    p = sub.add_parser("config", parents=[config], help="every config key with its value, default and meaning")
     p.add_argument("--markdown", action="store_true", help="the defaults as the README's Markdown table")
     p.set_defaults(func=_cmd_config)
     return parser
