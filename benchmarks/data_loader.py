@@ -27,6 +27,9 @@ class Timed:
     def __iter__(self):
         return self
 
+    def __getattr__(self, name):  # the data position (``consumed``) and the rest, from the real iterator
+        return getattr(self.inner, name)
+
     def __next__(self):
         start = time.perf_counter()
         batch = next(self.inner)
