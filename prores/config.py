@@ -106,6 +106,10 @@ class TrainConfig:
     log_interval: int = _key(10, "steps between logged training scalars (and progress lines)", minimum=1)
     eval_interval: int = _key(100, "steps between evaluations (and one at the end)", minimum=1)
     precision: str = _key("fp32", "parameters and compute", choices=("fp32", "bf16"))
+    on_nonfinite: str = _key("stop", "a step with a non-finite loss or grad norm (its update is dropped): stop"
+                                     " the run as diverged, or skip it", choices=("stop", "skip"))
+    max_skipped: int = _key(10, "with on_nonfinite=skip: stop as diverged after more non-finite steps in a row",
+                            minimum=0)
 
 
 @dataclass
@@ -130,6 +134,13 @@ class LoggingConfig:
 
 
 @dataclass
+class MonitorConfig:
+    spike_sigma: float = _key(7.0, "a spike: more than this many standard deviations above the window's mean",
+                              minimum=0.0)
+    spike_window: int = _key(1000, "steps before each step that its spike score compares with", minimum=2)
+
+
+@dataclass
 class KernelsConfig:
     backend: str = _key("auto", "residual-add + norm kernels, see the kernels table",
                         choices=("auto",) + tuple(BACKENDS))
@@ -145,6 +156,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
     kernels: KernelsConfig = field(default_factory=KernelsConfig)
 
     def to_dict(self) -> dict:

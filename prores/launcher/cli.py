@@ -45,6 +45,7 @@ def default_run_dir(config: str | None, cfg) -> Path:
 
 def _cmd_train(args) -> int:
     from prores.config import load_config
+    from prores.launcher.callbacks import EXIT_DIVERGED
     from prores.launcher.train import train
 
     if args.overwrite and not args.no_resume:
@@ -52,7 +53,10 @@ def _cmd_train(args) -> int:
                          " without --no-resume `prores train` resumes.")
     cfg = load_config(args.config, tuple(args.set))
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.config, cfg)
-    train(cfg, run_dir, resume=not args.no_resume, overwrite=args.overwrite)
+    summary = train(cfg, run_dir, resume=not args.no_resume, overwrite=args.overwrite)
+    if summary is not None and summary.status == "diverged":
+        _end_torchrun_agent()
+        return EXIT_DIVERGED
     return 0
 
 
@@ -120,9 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _end_torchrun_agent() -> None:
     """torchrun answers a worker's failure with a ChildFailedError traceback of some 40 lines that buries
-    the one-line message. A usage error fails every worker alike, so each ends its torchrun agent
-    instead (torchrun's exit status is then 137); under deepspeed and srun the launcher's own one-line
-    report follows the message."""
+    the one-line message. A usage error or a divergence ends every worker alike, so each ends its
+    torchrun agent instead (torchrun's exit status is then 137); under deepspeed and srun the
+    launcher's own one-line report follows the message."""
     if "TORCHELASTIC_RUN_ID" not in os.environ:
         return
     agent = os.getppid()

@@ -9,6 +9,7 @@ of it in every split). Raw text is preprocessed into the run's cache here.
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ class Plan:
     rank: int
     dp: int
     newest: Optional[Found]  # the newest checkpoint to resume from (verified later, by all ranks)
-    finished: bool  # the newest checkpoint is at or past train.steps and the summary was written
+    finished: bool  # the newest checkpoint is at or past train.steps and the summary says completed
 
 
 def check_resumable(found: Found, cfg: Config) -> None:
@@ -41,11 +42,13 @@ def check_resumable(found: Found, cfg: Config) -> None:
             f" processes) but not tp or pp: use --set parallel.tp={saved['tp']} --set parallel.pp={saved['pp']},"
             " or start a new --run-dir."
         )
-    model = found.manifest["config"]["model"]
-    changed = [f"model.{k}: {model.get(k)!r} -> {v!r}" for k, v in cfg.to_dict()["model"].items() if model.get(k) != v]
-    if changed:
-        raise UsageError(f"checkpoint {found.path} holds a different model ({'; '.join(changed)});"
-                         " resume with the same model keys, or start a new --run-dir.")
+    saved, now = found.manifest["config"], cfg.to_dict()
+    for section, what in (("model", "a different model"), ("prores", "another ProRes schedule")):
+        changed = [f"{section}.{k}: {saved[section].get(k)!r} -> {v!r}" for k, v in now[section].items()
+                   if saved[section].get(k) != v]
+        if changed:
+            raise UsageError(f"checkpoint {found.path} holds {what} ({'; '.join(changed)}); resume with the same"
+                             f" {section}.* keys, or start a new --run-dir.")
 
 
 def check_run_dir(cfg: Config, run_dir: Path, resume: bool, overwrite: bool) -> Optional[Found]:
@@ -63,10 +66,17 @@ def check_run_dir(cfg: Config, run_dir: Path, resume: bool, overwrite: bool) -> 
     return found
 
 
+def completed(run_dir: Path) -> bool:
+    try:
+        return json.loads((run_dir / SUMMARY).read_text()).get("status") == "completed"
+    except (OSError, ValueError):
+        return False
+
+
 def preflight(cfg: Config, run_dir: Path, resume: bool = True, overwrite: bool = False) -> Plan:
     rank, dp = launched_as(cfg.parallel.tp, cfg.parallel.pp)
     newest = check_run_dir(cfg, run_dir, resume, overwrite)
-    if newest is not None and newest.step >= cfg.train.steps and (run_dir / SUMMARY).is_file():
+    if newest is not None and newest.step >= cfg.train.steps and completed(run_dir):
         return Plan(rank, dp, newest, finished=True)
     load_tokenizer(cfg.data.tokenizer)
     sources = resolve_sources(cfg.data, run_dir / "cache")

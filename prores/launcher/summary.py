@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -13,8 +13,9 @@ SUMMARY = "summary.json"
 
 @dataclass
 class Summary:
+    status: str  # completed, stopped (by a signal) or diverged
     steps: int
-    final_valid_loss: Optional[float]
+    final_valid_loss: Optional[float]  # the last evaluation's
     unigram_entropy: float
     # tokens of the steps this process trained / train_seconds; None when it trained none (a resume
     # at the last step)
@@ -22,7 +23,8 @@ class Summary:
     # the median over the second half of those steps, each step's train_batch alone: the steady state
     steady_tokens_per_sec: Optional[float]
     train_seconds: float  # wall time of this process's training loop, evaluations and checkpoints included
-    stopped: bool = False  # by a stop signal, before train.steps
+    diverged_at: Optional[int] = None  # the step whose loss or gradient norm was not finite
+    spikes: dict = field(default_factory=dict)  # per series: count, steps and score (prores.monitor.spikes)
 
     def write(self, run_dir: Path) -> None:
         finite = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in asdict(self).items()}

@@ -1,5 +1,8 @@
 """The training loop: the model's pieces in a DeepSpeed pipeline engine, driven step by step.
 
+:meth:`Trainer.fit` is the plain loop; logging, diagnostics, checkpoint policy,
+stop signals and divergence are callbacks (:mod:`prores.launcher.callbacks`).
+
 TensorBoard step convention: everything logged at step t was computed by the
 model after t completed optimizer steps, with alpha(l, t). So ``train/*`` at
 step t describe the update that takes the model from t to t+1 (its loss,
@@ -15,7 +18,7 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from megatron.core import parallel_state
@@ -24,17 +27,20 @@ from prores.config import Config, dump_config
 from prores.errors import UsageError
 from prores.data.sources import build_run_data
 from prores.data.tokenizers import load_tokenizer
-from prores.launcher.checkpoint import Checkpoints, Found, tag_of
+from prores.launcher.callbacks import (EXIT_DIVERGED, Callback, SaveCheckpoints, ShowProgress, StopOnSignal,
+                                      StopWhenNonFinite)
+from prores.launcher.checkpoint import Checkpoints, Found
 from prores.launcher.lr import LR_SCHEDULES
 from prores.launcher.preflight import clean_up_failed_start, preflight
-from prores.launcher.progress import Progress
-from prores.launcher.slurm import StopSignals, requeue
 from prores.launcher.summary import SUMMARY, Summary
 from prores.model import fused
 from prores.model.block import Block
 from prores.model.gpt import gpt_pieces, lm_loss
-from prores.model.prores import ProRes
-from prores.monitor.stats import LayerStats
+from prores.model.prores import ProRes, ProResScheduler
+from prores.monitor.heatmaps import Heatmaps
+from prores.monitor.layer_stats import LayerDiagnostics
+from prores.monitor.run_scalars import LogScalars
+from prores.monitor.spikes import SpikeScores
 from prores.monitor.tensorboard import RunWriter, mark_resume
 from prores.parallel import topology as topo_mod
 from prores.parallel.grad_norm import GlobalNormAdamW
@@ -93,6 +99,12 @@ def run_data(cfg: Config, run_dir: Path, tokenizer, dp_rank: int = 0, dp: int = 
                           cache_dir=run_dir / "cache", dp_rank=dp_rank, dp_size=dp)
 
 
+def default_callbacks(cfg: Config) -> list[Callback]:
+    """In order: what logs a step comes before what may veto its checkpoint, which comes before the save."""
+    return [LogScalars(), SpikeScores(cfg.monitor.spike_sigma, cfg.monitor.spike_window), LayerDiagnostics(),
+            Heatmaps(), ShowProgress(), StopWhenNonFinite(), SaveCheckpoints(), StopOnSignal()]
+
+
 class Trainer:
     """Builds everything for one run directory; resumes from its newest good checkpoint unless told not to.
 
@@ -100,10 +112,13 @@ class Trainer:
     first.
     """
 
-    def __init__(self, cfg: Config, run_dir: Path, resume: bool = True, overwrite: bool = False):
+    def __init__(self, cfg: Config, run_dir: Path, resume: bool = True, overwrite: bool = False,
+                 callbacks: Optional[Sequence[Callback]] = None):
         import deepspeed
 
         self.cfg, self.run_dir = cfg, run_dir
+        self.callbacks = list(default_callbacks(cfg) if callbacks is None else callbacks)
+        self.stop_status: Optional[str] = None
         self.topo = topo_mod.init(cfg.parallel.tp, cfg.parallel.pp)
         torch.manual_seed(cfg.train.seed)  # dropout masks; weights are seeded per parameter
         self.checkpoints = Checkpoints(run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every)
@@ -122,16 +137,18 @@ class Trainer:
         self.backend, why = fused.resolve_backend(cfg.kernels.backend, device)
         if self.topo.rank == 0:
             print(f"kernels.backend={cfg.kernels.backend}: using {self.backend} ({why})")
-        self.prores = ProRes(cfg.prores.schedule, cfg.prores.T, m.num_layers)
-        pieces = gpt_pieces(m, self.prores, tokenizer.vocab_size, cfg.train.seed, self.backend)
-        module = build_pipeline(pieces, lm_loss, self.topo, is_block=lambda p: p.cls is Block,
-                                blocks_per_stage=cfg.parallel.stage_layers
-                                or uniform_blocks(m.num_layers, cfg.parallel.pp))
-        self.blocks = {b.layer_number: b for b in module.modules() if isinstance(b, Block)}
-        optimizer = build_optimizer(cfg, module, self.topo)
+        pieces = gpt_pieces(m, ProRes(cfg.prores.schedule, cfg.prores.T, m.num_layers), tokenizer.vocab_size,
+                            cfg.train.seed, self.backend)
+        self.module = build_pipeline(pieces, lm_loss, self.topo, is_block=lambda p: p.cls is Block,
+                                     blocks_per_stage=cfg.parallel.stage_layers
+                                     or uniform_blocks(m.num_layers, cfg.parallel.pp))
+        self.blocks = {b.layer_number: b for b in self.module.modules() if isinstance(b, Block)}
+        self.prores = ProResScheduler(ProRes(cfg.prores.schedule, cfg.prores.T, m.num_layers), self.blocks)
+        optimizer = build_optimizer(cfg, self.module, self.topo)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
-        self.engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler,
+        self.engine, _, _, _ = deepspeed.initialize(model=self.module, optimizer=optimizer, lr_scheduler=scheduler,
                                                     config=deepspeed_config(cfg))
+        self._call_before_updates()
         self.device = device
         self.tokens_per_step = global_batch(cfg, self.topo.dp) * cfg.model.seq_length
         if found is not None:
@@ -141,11 +158,36 @@ class Trainer:
             torch.distributed.barrier()
             time.sleep(1.05)  # see mark_resume: the writers' files must sort after the marker
         self.writer = RunWriter(run_dir, self.topo.rank, self.topo.is_loss_writer, self.topo.is_stage_writer)
-        self.stats = LayerStats(self.blocks)
+        self.last_eval: dict[str, float] = {}
+
+    def _call_before_updates(self) -> None:
+        """DeepSpeed's engine calls ``optimizer.step()`` between its gradient reduction and the update,
+        the only moment the reduced, unclipped gradients exist: the ``pre_update`` hooks run there."""
+        optimizer = self.engine.optimizer
+        step = optimizer.step
+
+        def step_after_hooks(*args, **kwargs):
+            self.call("pre_update", self.step)
+            return step(*args, **kwargs)
+
+        optimizer.step = step_after_hooks
+
+    def call(self, hook: str, *args) -> None:
+        for callback in self.callbacks:
+            getattr(callback, hook)(self, *args)
 
     def say(self, message: str) -> None:
         if self.topo.rank == 0:
             print(message, flush=True)
+
+    def request_stop(self, status: str, message: str = "") -> None:
+        """End the run after this step with ``status`` (``stopped`` or ``diverged``)."""
+        self.stop_status = status
+        if message:
+            self.say(message)
+
+    def log_due(self, step: int) -> bool:
+        return step % self.cfg.train.log_interval == 0 or step == self.cfg.train.steps - 1
 
     def load(self, found: Found) -> None:
         saved_dp, root, tag = found.manifest["parallel"]["dp"], self.checkpoints.root, found.path.name
@@ -156,6 +198,10 @@ class Trainer:
         if path is None:
             raise UsageError(f"DeepSpeed could not load checkpoint {found.path}; start a new --run-dir.")
         self.data.train.load_state_dict(client["data"])
+        self.prores.load_state_dict(client["prores"])
+        for callback in self.callbacks:
+            if callback.name is not None and callback.name in client["callbacks"]:
+                callback.load_state_dict(client["callbacks"][callback.name])
         same_world = self.checkpoints.load_rng(found)
         self.say(f"resuming from step {self.step}: {found.path}"
                  + ("" if same_world else f" (dp {saved_dp} -> {self.topo.dp}; RNG streams start afresh)"))
@@ -164,92 +210,73 @@ class Trainer:
     def step(self) -> int:
         return self.engine.global_steps
 
-    def set_alpha(self, step: int) -> dict[int, float]:
-        for block in self.blocks.values():
-            block.set_step(step)
-        return {l: self.prores.alpha(l, step) for l in self.blocks}
-
     def train_step(self) -> dict[str, float]:
-        t = self.step
-        alphas = self.set_alpha(t)
+        """The update from step t to t+1 (alpha of step t), and what describes it."""
+        self.prores.step(self.step)
         lr = self.engine.get_lr()[0]
-        collect_stats = t % self.cfg.logging.stats_interval == 0
-        self.stats.active = collect_stats
         start = time.perf_counter()
         loss = float(self.engine.train_batch(self.data.train))
         elapsed = time.perf_counter() - start
-        self.stats.active = False
         grad_norm = self.engine.get_global_grad_norm()
         metrics = {"train/loss": loss, "train/lr": lr, "train/tokens_per_sec": self.tokens_per_step / elapsed,
                    "train/samples": float(self.data.train.consumed)}
         if grad_norm is not None:
             metrics["train/grad_norm"] = float(grad_norm)
-        if t % self.cfg.train.log_interval == 0 or t == self.cfg.train.steps - 1:
-            self.writer.loss_scalars(metrics, t)
-            self.writer.layer_scalars("prores/alpha", alphas, t)
-        if collect_stats:
-            self.writer.layer_scalars("layers/act_rms", self.stats.collect(), t)
         return metrics
 
-    def evaluate(self) -> float:
-        """Mean loss on the validation split and on every eval set; returns the validation loss."""
-        t = self.step
-        self.set_alpha(t)
+    def evaluate(self) -> dict[str, float]:
+        """Mean loss on the validation split and on every eval set, of the model after ``step`` updates."""
+        self.prores.step(self.step)
         metrics = {}
         for tag, batches in [("valid", self.data.valid)] + [(f"eval/{n}", b) for n, b in self.data.evals.items()]:
             losses = [float(self.engine.eval_batch(iter([batch]), num_micro_batches=1)) for batch in batches]
             loss = sum(losses) / len(losses)
             metrics.update({f"{tag}/loss": loss, f"{tag}/ppl": math.exp(min(loss, 50.0))})
-        self.writer.loss_scalars(metrics, t)
-        return metrics["valid/loss"]
+        self.last_eval = metrics
+        self.call("post_eval", self.step, metrics)
+        return metrics
 
     def save(self) -> Path:
         t = self.topo
-        return self.checkpoints.save(
-            self.engine, self.step, client_state={"data": self.data.train.state_dict(), "config": self.cfg.to_dict()},
-            meta={"world_size": t.world_size, "parallel": {"tp": t.tp, "pp": t.pp, "dp": t.dp},
-                  "config": self.cfg.to_dict()})
+        client = {"data": self.data.train.state_dict(), "prores": self.prores.state_dict(),
+                  "callbacks": {c.name: c.state_dict() for c in self.callbacks if c.name is not None},
+                  "config": self.cfg.to_dict()}
+        path = self.checkpoints.save(self.engine, self.step, client_state=client,
+                                     meta={"world_size": t.world_size, "parallel": {"tp": t.tp, "pp": t.pp, "dp": t.dp},
+                                           "config": self.cfg.to_dict()})
+        self.call("post_checkpoint", self.step, path)
+        return path
+
+    def step_once(self) -> dict[str, float]:
+        """One pass of the loop's body: the step and its callbacks, and an evaluation when one is due."""
+        t = self.step
+        self.call("pre_step", t)
+        metrics = self.train_step()
+        self.call("post_step", t, metrics)
+        if self.stop_status is None and (self.step % self.cfg.train.eval_interval == 0
+                                         or self.step == self.cfg.train.steps):
+            self.evaluate()
+        return metrics
 
     def fit(self) -> Summary:
-        """Train to ``train.steps``, or until a stop signal: then save, requeue under Slurm, and return."""
+        """Train to ``train.steps``, or until a callback stops the run."""
         cfg = self.cfg
-        progress = Progress(cfg.train.steps, self.step, cfg.train.log_interval,
-                            bar=cfg.logging.progress_bar and self.topo.is_loss_writer,
-                            quiet=not self.topo.is_loss_writer)
-        valid_loss, step_rates, stopped = float("nan"), [], False
+        self.call("on_start")
         if self.step and (self.step % cfg.train.eval_interval == 0 or self.step >= cfg.train.steps):
-            valid_loss = self.evaluate()  # mark_resume dropped the interrupted run's entries at this step
-        start = time.perf_counter()
-        with StopSignals() as stop:
-            while self.step < cfg.train.steps:
-                metrics = self.train_step()
-                step_rates.append(metrics["train/tokens_per_sec"])
-                progress.step(self.step, metrics)
-                done = self.step == cfg.train.steps
-                if self.step % cfg.train.eval_interval == 0 or done:
-                    valid_loss = self.evaluate()
-                    progress.write(f"step {self.step}: valid loss {valid_loss:.4f}"
-                                   f" (unigram entropy {self.data.unigram_entropy:.4f})")
-                interval = cfg.checkpoint.interval
-                saved = done or (interval and self.step % interval == 0)
-                if saved:
-                    self.save()
-                if not done and stop.agreed(self.device):
-                    self.say(f"stop signal ({stop.received}): stopping after step {self.step}")
-                    path = self.checkpoints.root / tag_of(self.step) if saved else self.save()
-                    self.say(f"checkpoint {path} saved")
-                    if self.topo.rank == 0:
-                        self.say(requeue())
-                    stopped = True
-                    break
+            self.evaluate()  # mark_resume dropped the interrupted run's entries at this step
+        rates, start = [], time.perf_counter()
+        while self.step < cfg.train.steps and self.stop_status is None:
+            rates.append(self.step_once()["train/tokens_per_sec"])
         wall = time.perf_counter() - start
-        progress.close()
+        summary = Summary(status=self.stop_status or "completed", steps=self.step,
+                          final_valid_loss=self.last_eval.get("valid/loss"),
+                          unigram_entropy=self.data.unigram_entropy,
+                          tokens_per_sec=len(rates) * self.tokens_per_step / wall if rates else None,
+                          steady_tokens_per_sec=statistics.median(rates[len(rates) // 2:]) if rates else None,
+                          train_seconds=wall)
+        self.call("on_end", summary)
         self.writer.close()
-        trained = len(step_rates)
-        return Summary(steps=self.step, final_valid_loss=valid_loss, unigram_entropy=self.data.unigram_entropy,
-                       tokens_per_sec=trained * self.tokens_per_step / wall if trained else None,
-                       steady_tokens_per_sec=statistics.median(step_rates[trained // 2:]) if trained else None,
-                       train_seconds=wall, stopped=stopped)
+        return summary
 
 
 def _rate(tokens_per_sec: Optional[float]) -> str:
@@ -276,10 +303,11 @@ def train(cfg: Config, run_dir: Path, resume: bool = True, overwrite: bool = Fal
     if trainer.topo.rank == 0:
         dump_config(cfg, run_dir / "config.yaml")
     summary = trainer.fit()
-    if trainer.topo.is_loss_writer and not summary.stopped:
+    if trainer.topo.is_loss_writer:
         summary.write(run_dir)
-        print(f"final valid loss {summary.final_valid_loss:.4f} nats/token"
-              f" vs unigram entropy {summary.unigram_entropy:.4f} nats/token"
-              f" ({_rate(summary.tokens_per_sec)} tokens/s over the run,"
-              f" {_rate(summary.steady_tokens_per_sec)} in the steady state)")
+        if summary.status == "completed":
+            print(f"final valid loss {summary.final_valid_loss:.4f} nats/token"
+                  f" vs unigram entropy {summary.unigram_entropy:.4f} nats/token"
+                  f" ({_rate(summary.tokens_per_sec)} tokens/s over the run,"
+                  f" {_rate(summary.steady_tokens_per_sec)} in the steady state)")
     return summary

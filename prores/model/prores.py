@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from prores.errors import UsageError
+
 
 def _linear(l: int, t: int, T: int, L: int) -> float:
     return min(t / (T * l), 1.0)
@@ -86,3 +88,31 @@ class ProRes:
         """True when every layer's alpha is 1 at ``step`` and at every later step."""
         at = SCHEDULES[self.schedule].saturates_at(self.T, self.num_layers)
         return at is not None and step >= at
+
+
+class ProResScheduler:
+    """Sets every block's alpha for step t, as an LR scheduler sets the learning rate; the blocks are
+    this process's (one pipeline stage's), each keyed by its global layer number.
+
+    Its state is the schedule, T and L: saved with every checkpoint, and a checkpoint of another
+    schedule is refused (alpha is recomputed from t on resume, so it must be the same function)."""
+
+    def __init__(self, prores: ProRes, blocks: dict):
+        self.prores, self.blocks = prores, blocks
+
+    def step(self, t: int) -> None:
+        for block in self.blocks.values():
+            block.set_step(t)
+
+    def applied(self) -> dict[int, float]:
+        """The alpha each block multiplies its branches by now (1 once the schedule saturated)."""
+        return {l: 1.0 if b.alpha is None else float(b.alpha) for l, b in sorted(self.blocks.items())}
+
+    def state_dict(self) -> dict:
+        return {"schedule": self.prores.schedule, "T": self.prores.T, "num_layers": self.prores.num_layers}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state != self.state_dict():
+            raise UsageError(f"the checkpoint was trained with ProRes {state}, this run has {self.state_dict()};"
+                             " ProRes cannot change within a run: use the same prores.* and model.num_layers,"
+                             " or start a new --run-dir.")

@@ -1,18 +1,21 @@
 """TensorBoard event files in the run directory, written only by the rank that owns each number.
 
-Tags (layer numbers are global, 1-based, 3 digits):
-``train/loss``, ``train/lr``, ``train/samples``, ``train/grad_norm`` (before clipping), ``train/tokens_per_sec``,
-``valid/loss``, ``valid/ppl``, ``prores/alpha/layer_XXX``, ``layers/act_rms/layer_XXX``.
+Layer numbers in tags are global, 1-based, 3 digits (``layer_001``). The tags
+themselves are listed in the README's "Monitoring a deep run" section.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Union
+
+# Per-layer families: one multiline chart each in the Custom Scalars tab.
+LAYER_FAMILIES = ("prores/alpha", "layers/act_rms", "layers/cos_in_out", "layers/grad_norm", "layers/update_ratio")
 
 
-def layer_tag(prefix: str, layer: int) -> str:
-    return f"{prefix}/layer_{layer:03d}"
+def layer_tag(prefix: str, layer: Union[int, str]) -> str:
+    """``prefix/layer_007`` for block 7; ``prefix/embedding`` for a piece that is not a block."""
+    return f"{prefix}/layer_{layer:03d}" if isinstance(layer, int) else f"{prefix}/{layer}"
 
 
 def mark_resume(run_dir: Path, step: int) -> None:
@@ -27,15 +30,23 @@ def mark_resume(run_dir: Path, step: int) -> None:
     SummaryWriter(log_dir=str(run_dir), purge_step=step, filename_suffix=".resume").close()
 
 
+def custom_scalars_layout() -> dict:
+    """Each per-layer family as one multiline chart (TensorBoard's Custom Scalars tab)."""
+    return {"per layer": {family: ["Multiline", [f"^{family}/.*"]] for family in LAYER_FAMILIES}}
+
+
 class RunWriter:
     """A SummaryWriter for ranks that own numbers; a no-op elsewhere.
 
     Several ranks may write into one run directory: each gets its own event
-    file (suffix ``.rankN``) and TensorBoard merges them.
+    file (suffix ``.rankN``) and TensorBoard merges them. A stage writer also
+    keeps the per-block series it wrote (``history[family][step][layer]``), for
+    the heatmaps.
     """
 
     def __init__(self, run_dir: Path, rank: int, owns_loss: bool, owns_layers: bool):
         self.owns_loss, self.owns_layers = owns_loss, owns_layers
+        self.history: dict[str, dict[int, dict[int, float]]] = {}
         self._writer = None
         if owns_loss or owns_layers:
             from torch.utils.tensorboard import SummaryWriter
@@ -51,9 +62,21 @@ class RunWriter:
         if self.owns_loss:
             self.scalars(values, step)
 
-    def layer_scalars(self, prefix: str, per_layer: Mapping[int, float], step: int) -> None:
+    def layer_scalars(self, prefix: str, per_layer: Mapping[Union[int, str], float], step: int) -> None:
         if self.owns_layers:
             self.scalars({layer_tag(prefix, l): v for l, v in per_layer.items()}, step)
+            blocks = {l: v for l, v in per_layer.items() if isinstance(l, int)}
+            if blocks:
+                self.history.setdefault(prefix, {}).setdefault(step, {}).update(blocks)
+
+    def image(self, tag: str, rgb, step: int) -> None:
+        """An [H, W, 3] uint8 image."""
+        if self._writer is not None:
+            self._writer.add_image(tag, rgb, step, dataformats="HWC")
+
+    def layout(self) -> None:
+        if self._writer is not None:
+            self._writer.add_custom_scalars(custom_scalars_layout())
 
     def flush(self) -> None:
         if self._writer is not None:

@@ -1,0 +1,148 @@
+"""The training loop's seam: everything that is not the loop itself is a callback.
+
+For every step t -> t+1 the loop calls, in order and on every rank:
+
+* ``pre_step(trainer, t)``: before the step; every block's alpha is that of step t by then.
+* ``pre_update(trainer, t)``: inside the step, once the gradients are reduced over data
+  parallelism and before the optimizer clips them and updates the weights.
+* ``post_step(trainer, t, metrics)``: after it; ``metrics`` describe the update from t to t+1.
+* ``post_eval(trainer, t + 1, metrics)``: after an evaluation of the model after t+1 updates.
+* ``post_checkpoint(trainer, t + 1, path)``: once a checkpoint of it is complete.
+
+and ``on_start(trainer)`` / ``on_end(trainer, summary)`` around the run (``on_end`` may add to the
+summary). A callback ends the run with :meth:`Trainer.request_stop`. Callbacks with a ``name``
+keep state across a resume: their ``state_dict()`` goes into every checkpoint. Callbacks run in
+list order, so a check that can veto a checkpoint comes before the one that saves.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from prores.launcher.progress import Progress
+from prores.launcher.slurm import StopSignals, requeue
+
+EXIT_DIVERGED = 3  # `prores train` exit status of a diverged run
+
+
+class Callback:
+    name: Optional[str] = None  # set by callbacks whose state is checkpointed
+
+    def on_start(self, trainer) -> None:
+        pass
+
+    def pre_step(self, trainer, step: int) -> None:
+        pass
+
+    def pre_update(self, trainer, step: int) -> None:
+        pass
+
+    def post_step(self, trainer, step: int, metrics: dict) -> None:
+        pass
+
+    def post_eval(self, trainer, step: int, metrics: dict) -> None:
+        pass
+
+    def post_checkpoint(self, trainer, step: int, path) -> None:
+        pass
+
+    def on_end(self, trainer, summary) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class ShowProgress(Callback):
+    """A bar on a terminal, plain lines in a log (:mod:`prores.launcher.progress`)."""
+
+    def on_start(self, trainer) -> None:
+        cfg = trainer.cfg
+        owner = trainer.topo.is_loss_writer
+        self.progress = Progress(cfg.train.steps, trainer.step, cfg.train.log_interval,
+                                 bar=cfg.logging.progress_bar and owner, quiet=not owner)
+
+    def post_step(self, trainer, step: int, metrics: dict) -> None:
+        self.progress.step(step + 1, metrics)
+
+    def post_eval(self, trainer, step: int, metrics: dict) -> None:
+        self.progress.write(f"step {step}: valid loss {metrics['valid/loss']:.4f}"
+                            f" (unigram entropy {trainer.data.unigram_entropy:.4f})")
+
+    def on_end(self, trainer, summary) -> None:
+        self.progress.close()
+
+
+class StopWhenNonFinite(Callback):
+    """``train.on_nonfinite``. A step whose loss or gradient norm is not finite had its update dropped
+    by the optimizer (DeepSpeed's overflow check, or :class:`GlobalNormAdamW`'s). ``stop`` ends the run
+    there as diverged; ``skip`` goes on, counting ``train/skipped_steps``, until ``train.max_skipped``
+    in a row. Loss and gradient norm are the same numbers on every rank (the pipeline broadcasts the
+    loss, the norm is global), so all ranks decide alike without talking."""
+
+    name = "nonfinite"
+
+    def __init__(self):
+        self.skipped, self.in_a_row = 0, 0
+        self.diverged_at: Optional[int] = None
+
+    def post_step(self, trainer, step: int, metrics: dict) -> None:
+        cfg = trainer.cfg.train
+        loss, norm = metrics["train/loss"], metrics.get("train/grad_norm", 0.0)
+        finite = math.isfinite(loss) and math.isfinite(norm)
+        self.in_a_row = 0 if finite else self.in_a_row + 1
+        self.skipped += not finite
+        if not finite and (cfg.on_nonfinite == "stop" or self.in_a_row > cfg.max_skipped):
+            self.diverged_at = step
+            why = "" if cfg.on_nonfinite == "stop" else f" ({self.in_a_row} non-finite steps in a row)"
+            last = trainer.checkpoints.newest_manifest()
+            kept = "no checkpoint yet" if last is None else f"the last good checkpoint {last.path} is kept"
+            trainer.request_stop("diverged", f"diverged at step {step}{why}: loss {loss:.6g}, grad norm {norm:.6g};"
+                                             f" nothing after it is saved, {kept}")
+        if step % cfg.log_interval == 0 or step == cfg.steps - 1:
+            trainer.writer.loss_scalars({"train/skipped_steps": float(self.skipped)}, step)
+
+    def on_end(self, trainer, summary) -> None:
+        summary.diverged_at = self.diverged_at
+
+    def state_dict(self) -> dict:
+        return {"skipped": self.skipped, "in_a_row": self.in_a_row}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.skipped, self.in_a_row = state["skipped"], state["in_a_row"]
+
+
+class SaveCheckpoints(Callback):
+    """``checkpoint.interval`` steps apart, and at the end."""
+
+    def post_step(self, trainer, step: int, metrics: dict) -> None:
+        done, interval = step + 1, trainer.cfg.checkpoint.interval
+        if trainer.stop_status is None and (done == trainer.cfg.train.steps or (interval and done % interval == 0)):
+            trainer.save()
+
+
+class StopOnSignal(Callback):
+    """SIGUSR1/SIGTERM (:mod:`prores.launcher.slurm`): all ranks stop after the same step, save, and
+    under Slurm the job is requeued."""
+
+    def on_start(self, trainer) -> None:
+        self.signals = StopSignals().__enter__()
+
+    def post_step(self, trainer, step: int, metrics: dict) -> None:
+        done = step + 1
+        if trainer.stop_status is not None or done == trainer.cfg.train.steps or not self.signals.agreed(trainer.device):
+            return
+        trainer.say(f"stop signal ({self.signals.received}): stopping after step {done}")
+        newest = trainer.checkpoints.newest_manifest()
+        path = newest.path if newest is not None and newest.step == done else trainer.save()
+        trainer.say(f"checkpoint {path} saved")
+        if trainer.topo.rank == 0:
+            trainer.say(requeue())
+        trainer.request_stop("stopped")
+
+    def on_end(self, trainer, summary) -> None:
+        self.signals.__exit__(None, None, None)

@@ -1,0 +1,122 @@
+"""Layer × step heatmaps: a 120-layer family in one picture.
+
+:func:`heatmap` draws with matplotlib's object API on the Agg canvas (no
+pyplot, no display): layer on the y axis (1..L), step on the x axis, a log
+colour scale with its colour bar; zeros and gaps are grey. The
+:class:`Heatmaps` callback refreshes ``heatmaps/act_rms``,
+``heatmaps/grad_norm`` and ``heatmaps/alpha`` at every evaluation: the first
+rank gathers the stage writers' series over the pipeline group and writes the
+pictures as TensorBoard images.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Optional, Sequence
+
+import numpy
+import torch.distributed as dist
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import LogNorm, Normalize
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+from megatron.core import parallel_state
+
+from prores.launcher.callbacks import Callback
+
+FAMILIES = {"act_rms": "layers/act_rms", "grad_norm": "layers/grad_norm", "alpha": "prores/alpha"}
+
+
+def _edges(centres: Sequence[float]) -> numpy.ndarray:
+    c = numpy.asarray(centres, dtype=float)
+    if len(c) == 1:
+        return numpy.array([c[0] - 0.5, c[0] + 0.5])
+    mid = (c[1:] + c[:-1]) / 2
+    return numpy.concatenate([[2 * c[0] - mid[0]], mid, [2 * c[-1] - mid[-1]]])
+
+
+def heatmap(values: numpy.ndarray, columns: Sequence[float], *, title: str, xlabel: str, label: str,
+            log: bool = True, vmin: Optional[float] = None, vmax: Optional[float] = None) -> Figure:
+    """``values[l - 1, j]`` is layer l at ``columns[j]``; NaN (and, on a log scale, values <= 0) are grey."""
+    values = numpy.asarray(values, dtype=float)
+    bad = ~numpy.isfinite(values) | ((values <= 0) if log else False)
+    shown = numpy.ma.masked_array(values, mask=bad)
+    good = values[~bad]
+    lo = vmin if vmin is not None else (good.min() if good.size else 1.0)
+    hi = vmax if vmax is not None else (good.max() if good.size else 1.0)
+    hi = hi if hi > lo else lo * 1.01 + 1e-12
+    fig = Figure(figsize=(7, 4.5), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    cmap = "viridis"
+    mesh = ax.pcolormesh(_edges(columns), numpy.arange(values.shape[0] + 1) + 0.5, shown,
+                         norm=LogNorm(lo, hi) if log else Normalize(lo, hi), cmap=cmap, shading="flat")
+    mesh.cmap.set_bad("0.8")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("layer")
+    ax.set_ylim(0.5, values.shape[0] + 0.5)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title(title)
+    fig.colorbar(mesh, ax=ax, label=label)
+    fig.tight_layout()
+    return fig
+
+
+def rgb(fig: Figure) -> numpy.ndarray:
+    """The figure as an [H, W, 3] uint8 image."""
+    fig.canvas.draw()
+    return numpy.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
+
+
+def png(fig: Figure) -> bytes:
+    out = io.BytesIO()
+    fig.savefig(out, format="png")
+    return out.getvalue()
+
+
+def series_matrix(series: dict[int, dict[int, float]], num_layers: int) -> tuple[numpy.ndarray, list[int]]:
+    """``{step: {layer: value}}`` as a [layers, steps] matrix (NaN where a layer has no value)."""
+    steps = sorted(series)
+    matrix = numpy.full((num_layers, len(steps)), numpy.nan)
+    for j, step in enumerate(steps):
+        for layer, value in series[step].items():
+            matrix[layer - 1, j] = value
+    return matrix, steps
+
+
+class Heatmaps(Callback):
+    name = "heatmaps"
+
+    def __init__(self):
+        self.series: dict[str, dict[int, dict[int, float]]] = {family: {} for family in FAMILIES.values()}
+        self.sent: dict[str, int] = {}  # per family: the last step this rank has sent
+
+    def post_eval(self, trainer, step: int, metrics: dict) -> None:
+        history = trainer.writer.history
+        new = {}
+        for family in FAMILIES.values():
+            last = self.sent.get(family, -1)
+            new[family] = {s: v for s, v in history.get(family, {}).items() if s > last}
+            if new[family]:
+                self.sent[family] = max(new[family])
+        group = parallel_state.get_pipeline_model_parallel_group()
+        first = dist.get_process_group_ranks(group)[0]
+        parts = [None] * dist.get_world_size(group) if trainer.topo.rank == first else None
+        dist.gather_object(new, parts, dst=first, group=group)
+        if trainer.topo.rank != 0:
+            return
+        for part in parts:
+            for family, by_step in part.items():
+                for s, values in by_step.items():
+                    self.series[family].setdefault(s, {}).update(values)
+        for name, family in FAMILIES.items():
+            if self.series[family]:
+                matrix, steps = series_matrix(self.series[family], trainer.cfg.model.num_layers)
+                fig = heatmap(matrix, steps, title=f"{family} (step {step})", xlabel="step", label=name)
+                trainer.writer.image(f"heatmaps/{name}", rgb(fig), step)
+
+    def state_dict(self) -> dict:
+        return {"series": self.series}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.series = state["series"]

@@ -1,0 +1,104 @@
+"""Per-layer diagnostics, every ``logging.stats_interval`` steps, written by each stage's writer.
+
+* ``layers/act_rms/layer_XXX``: RMS of the block's output;
+* ``layers/cos_in_out/layer_XXX``: mean over tokens of the cosine between the block's input and
+  output residual stream (how much the block still changes the representation);
+* ``layers/grad_norm/layer_XXX``, and ``/embedding``, ``/final_norm``, ``/head``: L2 norm of the
+  piece's gradient after the data-parallel reduction and before clipping (their squares add up to
+  ``train/grad_norm``²);
+* ``layers/update_ratio/layer_XXX``: ||Δw|| / ||w|| of the block over the step.
+
+Layer numbers are global and 1-based. Each value is the one process's value on every TP × PP × DP
+layout: forward statistics are summed over the micro-batches of every data-parallel rank, and norms
+count tensor-parallel shards on every TP rank, replicated parameters once (:mod:`prores.parallel.grad_norm`).
+The forward hooks add to on-device accumulators: nothing syncs with the host until the step's end.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state
+
+from prores.launcher.callbacks import Callback
+from prores.model.block import Block
+from prores.model.gpt import Embedding, FinalNorm, Head
+from prores.parallel.grad_norm import grouped_sq_norms, reduced_grad_share
+
+OTHER_PIECES = {Embedding: "embedding", FinalNorm: "final_norm", Head: "head"}
+
+
+def owned_pieces(module: torch.nn.Module) -> dict:
+    """``{1: block, 2: block, ..., "embedding": ..., "head": ...}``: the pieces whose weights this stage
+    owns (a tied embedding copy serving as the head belongs to the first stage)."""
+    pieces = {}
+    for m in module.modules():
+        if isinstance(m, Block):
+            pieces[m.layer_number] = m
+        elif type(m) in OTHER_PIECES and not all(getattr(p, "ds_pipe_replicated", False) for p in m.parameters()):
+            pieces[OTHER_PIECES[type(m)]] = m
+    return pieces
+
+
+class LayerDiagnostics(Callback):
+    def __init__(self):
+        self.active = False
+        self._forward: dict[int, torch.Tensor] = {}  # layer -> [sum of mean squares, sum of cosines, forwards]
+
+    def on_start(self, trainer) -> None:
+        topo = trainer.topo
+        self.pieces = owned_pieces(trainer.module)
+        self.blocks = dict(sorted(trainer.blocks.items()))
+        self.handles = [b.register_forward_hook(self._hook(layer)) for layer, b in self.blocks.items()]
+        self.dp_group = parallel_state.get_data_parallel_group()
+        self.tp_group = parallel_state.get_tensor_model_parallel_group()
+
+    def _hook(self, layer: int):
+        def hook(module, inputs, output):
+            if self.active:
+                x, y = inputs[0].detach().float(), output.detach().float()
+                stats = torch.stack([y.square().mean(), F.cosine_similarity(x, y, dim=-1).mean(),
+                                     torch.ones((), device=y.device)])
+                self._forward[layer] = self._forward[layer] + stats if layer in self._forward else stats
+
+        return hook
+
+    def pre_step(self, trainer, step: int) -> None:
+        self.active = step % trainer.cfg.logging.stats_interval == 0
+        if self.active:  # the weights before the update, for ||Δw||
+            self.before = {l: [p.detach().clone() for p in b.parameters()] for l, b in self.blocks.items()}
+
+    def pre_update(self, trainer, step: int) -> None:
+        if self.active:
+            dp_rank = trainer.topo.dp_rank
+            self.grad_sq = grouped_sq_norms([list(m.parameters()) for m in self.pieces.values()],
+                                            lambda p: reduced_grad_share(p, dp_rank), trainer.topo.tp_rank,
+                                            [self.dp_group, self.tp_group], trainer.device)
+
+    def post_step(self, trainer, step: int, metrics: dict) -> None:
+        if not self.active:
+            return
+        self.active = False
+        writer, tp_rank = trainer.writer, trainer.topo.tp_rank
+        if self.blocks:
+            forward = torch.stack([self._forward[l] for l in self.blocks])
+            self._forward.clear()
+            torch.distributed.all_reduce(forward, group=self.dp_group)
+            forward = forward.cpu()
+            writer.layer_scalars("layers/act_rms", dict(zip(self.blocks, (forward[:, 0] / forward[:, 2]).sqrt().tolist())), step)
+            writer.layer_scalars("layers/cos_in_out", dict(zip(self.blocks, (forward[:, 1] / forward[:, 2]).tolist())), step)
+            params = [list(b.parameters()) for b in self.blocks.values()]
+            before = {id(p): old for b, olds in zip(params, self.before.values()) for p, old in zip(b, olds)}
+            delta = grouped_sq_norms(params, lambda p: p.detach() - before[id(p)], tp_rank, [self.tp_group],
+                                     trainer.device)
+            weight = grouped_sq_norms(params, lambda p: p, tp_rank, [self.tp_group], trainer.device)
+            self.before = {}
+            writer.layer_scalars("layers/update_ratio", dict(zip(self.blocks, (delta / weight).sqrt().tolist())), step)
+        if hasattr(self, "grad_sq"):  # no update reached the optimizer (it was skipped) otherwise
+            norms = dict(zip(self.pieces, self.grad_sq.sqrt().tolist()))
+            writer.layer_scalars("layers/grad_norm", norms, step)
+            del self.grad_sq
+
+    def on_end(self, trainer, summary) -> None:
+        for h in self.handles:
+            h.remove()
