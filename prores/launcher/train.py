@@ -199,12 +199,22 @@ class Trainer:
             raise UsageError(f"DeepSpeed could not load checkpoint {found.path}; start a new --run-dir.")
         self.data.train.load_state_dict(client["data"])
         self.prores.load_state_dict(client["prores"])
+        self._learning_rate_from_config()
         for callback in self.callbacks:
             if callback.name is not None and callback.name in client["callbacks"]:
                 callback.load_state_dict(client["callbacks"][callback.name])
         same_world = self.checkpoints.load_rng(found)
         self.say(f"resuming from step {self.step}: {found.path}"
                  + ("" if same_world else f" (dp {saved_dp} -> {self.topo.dp}; RNG streams start afresh)"))
+
+    def _learning_rate_from_config(self) -> None:
+        """A resume keeps the optimizer's moments and the schedule's position but takes the peak
+        learning rate from this run's config (the checkpoint's would otherwise win silently): so
+        ``--set optim.lr=...`` on a resume, e.g. after a spike, takes effect."""
+        schedule = self.engine.lr_scheduler
+        schedule.base_lrs = [self.cfg.optim.lr] * len(schedule.base_lrs)
+        for group, factor in zip(schedule.optimizer.param_groups, schedule.lr_lambdas):
+            group["lr"] = self.cfg.optim.lr * factor(schedule.last_epoch)
 
     @property
     def step(self) -> int:
