@@ -6,12 +6,15 @@ built here from the same pieces, and (b) the learning goal: validation loss
 well below the unigram-entropy baseline.
 """
 
+import io
 import json
 
 import pytest
 import torch
 import yaml
-from tensorboard.backend.event_processing import event_accumulator
+from PIL import Image
+from tensorboard.backend.event_processing import event_accumulator, event_file_loader
+from tensorboard.plugins.custom_scalar import layout_pb2
 
 from conftest import run_cli, train_args
 from prores.config import load_config
@@ -25,8 +28,9 @@ from prores.model.prores import ProRes
 pytestmark = pytest.mark.slow
 
 STEPS = 120
+STATS = 2  # logging.stats_interval
 OVERRIDES = (f"train.steps={STEPS}", "train.eval_interval=60", "train.log_interval=1",
-             "logging.stats_interval=20", "logging.progress_bar=false")
+             f"logging.stats_interval={STATS}", "logging.progress_bar=false")
 LEARNING_MARGIN = 0.8  # nats/token below the unigram entropy after 120 steps (measured: ~1.0)
 
 
@@ -56,14 +60,56 @@ def test_tensorboard_tags_cover_every_layer(run):
     _, scalars, _ = run
     L = load_config().model.num_layers
     layers = [f"layer_{l:03d}" for l in range(1, L + 1)]
-    expected = {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_sec", "train/samples", "valid/loss",
-                "valid/ppl"}
-    expected |= {f"prores/alpha/{x}" for x in layers} | {f"layers/act_rms/{x}" for x in layers}
+    expected = {f"train/{t}" for t in ("loss", "lr", "grad_norm", "tokens_per_sec", "samples", "loss_spike_score",
+                                       "grad_norm_spike_score", "skipped_steps")} | {"valid/loss", "valid/ppl"}
+    expected |= {f"prores/alpha/{x}" for x in layers}
+    expected |= {f"layers/{family}/{x}" for family in ("act_rms", "cos_in_out", "grad_norm", "update_ratio")
+                 for x in layers}
+    expected |= {"layers/grad_norm/embedding", "layers/grad_norm/final_norm", "layers/grad_norm/head"}
     assert set(scalars) == expected
     assert sorted(scalars["train/loss"]) == list(range(STEPS))
     micro = load_config(None, OVERRIDES).train.micro_batch_size
     assert scalars["train/samples"] == {t: (t + 1) * micro for t in range(STEPS)}  # after the update at t
-    assert sorted(scalars["layers/act_rms/layer_001"]) == list(range(0, STEPS, 20))
+    for family in ("act_rms", "cos_in_out", "grad_norm", "update_ratio"):
+        assert sorted(scalars[f"layers/{family}/layer_001"]) == list(range(0, STEPS, STATS))
+
+
+def test_block_gradient_norms_add_up_to_the_global_norm(run):
+    _, scalars, _ = run
+    pieces = [t for t in scalars if t.startswith("layers/grad_norm/")]
+    for step in range(0, STEPS, STATS):
+        total = sum(scalars[t][step] ** 2 for t in pieces)
+        assert total == pytest.approx(scalars["train/grad_norm"][step] ** 2, rel=1e-5), step
+
+
+def test_heatmaps_and_the_custom_scalars_layout_are_in_the_run(run):
+    run_dir, _, _ = run
+    acc = event_accumulator.EventAccumulator(str(run_dir), size_guidance={event_accumulator.IMAGES: 0})
+    acc.Reload()
+    assert sorted(acc.Tags()["images"]) == ["heatmaps/act_rms", "heatmaps/alpha", "heatmaps/grad_norm"]
+    for tag in acc.Tags()["images"]:
+        images = acc.Images(tag)
+        assert [i.step for i in images] == [60, 120]  # refreshed at every evaluation
+        picture = Image.open(io.BytesIO(images[-1].encoded_image_string))
+        assert picture.format == "PNG" and picture.size == (images[-1].width, images[-1].height) == (700, 450)
+    events = [e for path in run_dir.glob("events.out.tfevents.*") for e in event_file_loader.EventFileLoader(str(path)).Load()]
+    layouts = [v for e in events for v in e.summary.value if v.tag == "custom_scalars__config__"]
+    assert len(layouts) == 1  # once per run
+    layout = layout_pb2.Layout.FromString(layouts[0].tensor.string_val[0])
+    charts = {c.title: list(c.multiline.tag) for category in layout.category for c in category.chart}
+    assert charts == {f: [f"^{f}/.*"] for f in ("prores/alpha", "layers/act_rms", "layers/cos_in_out",
+                                                "layers/grad_norm", "layers/update_ratio")}
+
+
+def test_summary_has_the_status_and_the_spikes_the_scores_count(run):
+    run_dir, scalars, _ = run
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["diverged_at"] is None
+    for tag in ("train/loss", "train/grad_norm"):
+        spikes = summary["spikes"][tag]
+        assert spikes["count"] == len(spikes["steps"]) and all(0 <= s < STEPS for s in spikes["steps"])
+        assert scalars[f"{tag}_spike_score"][STEPS - 1] == pytest.approx(spikes["count"] / STEPS)
+        assert spikes["score"] == pytest.approx(spikes["count"] / STEPS)
 
 
 def test_logged_alpha_is_the_schedule_at_the_logged_step(run):
@@ -93,18 +139,24 @@ def test_resolved_config_is_written(run):
 
 
 def test_first_steps_match_a_plain_pytorch_reference(run, world_of_one):
-    """Same pieces, same data, torch AdamW + clip_grad_norm_: loss, pre-clip grad norm and lr per step."""
+    """Same pieces, same data, torch AdamW + clip_grad_norm_: loss, pre-clip grad norm and lr per step,
+    and, at the stats steps, every per-layer diagnostic computed here from its definition."""
     run_dir, scalars, _ = run
     cfg = load_config(None, OVERRIDES)
     tok = ByteTokenizer()
     data = run_data(cfg, run_dir, tok).train  # the run's own cached dataset
     prores = ProRes(cfg.prores.schedule, cfg.prores.T, cfg.model.num_layers)
     modules = [p.cls(**p.kwargs) for p in gpt_pieces(cfg.model, prores, tok.vocab_size, cfg.train.seed)]
+    names = ["embedding"] + [f"layer_{l:03d}" for l in range(1, cfg.model.num_layers + 1)] + ["final_norm", "head"]
     params = [p for m in modules for p in m.parameters()]
     o = cfg.optim
     opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
                              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
                             lr=o.lr, betas=tuple(o.betas), eps=o.eps)
+
+    def norm(tensors):
+        return torch.sqrt(sum(t.double().square().sum() for t in tensors)).item()
+
     for step in range(4):
         lr = o.lr * LR_SCHEDULES[o.lr_schedule](step, cfg.train.steps, o.warmup_steps, o.min_lr_ratio,
                                                   o.decay_fraction)
@@ -114,17 +166,33 @@ def test_first_steps_match_a_plain_pytorch_reference(run, world_of_one):
             if isinstance(m, Block):
                 m.set_step(step)
         tokens, labels = next(data)
-        h = tokens
+        h, streams = tokens, []
         for m in modules:
             h = m(h)
+            streams.append(h.detach())
         loss = lm_loss(h, labels)
         opt.zero_grad()
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(params, o.clip_grad)
+        grad_norms = {n: norm(p.grad for p in m.parameters()) for n, m in zip(names, modules)}
+        before = [[p.detach().clone() for p in m.parameters()] for m in modules]
+        total = torch.nn.utils.clip_grad_norm_(params, o.clip_grad)
         opt.step()
         assert scalars["train/loss"][step] == pytest.approx(loss.item(), rel=1e-5), step
-        assert scalars["train/grad_norm"][step] == pytest.approx(norm.item(), rel=1e-4), step
+        assert scalars["train/grad_norm"][step] == pytest.approx(total.item(), rel=1e-4), step
         assert scalars["train/lr"][step] == pytest.approx(lr, rel=1e-6), step
+        if step % STATS:
+            continue
+        for n, g in grad_norms.items():
+            assert scalars[f"layers/grad_norm/{n}"][step] == pytest.approx(g, rel=1e-4, abs=1e-12), (n, step)
+        for l in range(1, cfg.model.num_layers + 1):
+            x, y = streams[l - 1], streams[l]  # the block's input and output residual stream [s, b, h]
+            tag = f"layer_{l:03d}"
+            cos = (x * y).sum(-1) / (x.norm(dim=-1) * y.norm(dim=-1))
+            delta = norm(p.detach() - old for p, old in zip(modules[l].parameters(), before[l]))
+            assert scalars[f"layers/act_rms/{tag}"][step] == pytest.approx(y.square().mean().sqrt().item(), rel=1e-5)
+            assert scalars[f"layers/cos_in_out/{tag}"][step] == pytest.approx(cos.mean().item(), rel=1e-5)
+            assert scalars[f"layers/update_ratio/{tag}"][step] == pytest.approx(
+                delta / norm(modules[l].parameters()), rel=1e-4), (tag, step)
 
 
 def test_no_resume_never_overwrites_an_existing_run(run):
