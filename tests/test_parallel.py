@@ -1,16 +1,21 @@
 """TP × PP × DP through the real launchers on CPU/gloo: the layout changes nothing but speed.
 
 Every layout trains the same tiny fp32 model on the same data for 10 steps;
-per-step loss and pre-clip grad norm must equal the one-process run within
-rtol 1e-5, and the final weights, gathered from the DeepSpeed checkpoints,
-must match too.
+per-step loss, pre-clip grad norm and every per-layer diagnostic must equal
+the one-process run within rtol 1e-5, and the final weights, gathered from the
+DeepSpeed checkpoints, must match too. Every layout also diverges on purpose:
+all its ranks stop at the step one process stops at, and none hangs.
 """
 
+import csv
 import glob
+import json
 import math
+import signal
 from pathlib import Path
 
 import pytest
+from PIL import Image
 from tensorboard.backend.event_processing import event_accumulator
 
 from conftest import (NO_SLURM, deepspeed_launcher, free_port, need, run_cli, slurm_available, srun, torchrun,
@@ -19,6 +24,7 @@ from prores.config import load_config
 from prores.model.gpt import gpt_pieces
 from prores.model.prores import ProRes
 from prores.parallel.consolidate import consolidated_weights
+from prores.study.analyze import analyze
 
 pytestmark = pytest.mark.slow
 
@@ -40,6 +46,7 @@ COMMON = ("model.num_layers=6", "model.hidden_size=64", "model.ffn_hidden_size=1
           "model.seq_length=32", "model.dropout=0.0", "train.precision=fp32", f"train.steps={STEPS}",
           "train.micro_batch_size=4", "train.log_interval=1", "train.eval_interval=5",
           "optim.lr=0.1", "optim.eps=1.0", "optim.warmup_steps=2", "prores.T=2", "data.eval_batches=2",
+          "logging.stats_interval=3", "checkpoint.interval=5",
           "logging.progress_bar=false", f"data.eval.fixture={Path(__file__).parent / 'fixtures' / 'tiny_corpus.jsonl'}")
 UNEVEN = ("model.num_layers=5", "parallel.pp=2", "parallel.stage_layers=[2, 3]")
 
@@ -111,6 +118,80 @@ def test_same_curve_as_one_process(runs, name, tag):
     bad = first_divergence(got, want, RTOL)
     assert bad is None, (f"{name} {tag} first diverges at step {bad[0]}: {bad[1]!r} vs one process"
                          f" {bad[2]!r} (rel {abs(bad[1] - bad[2]) / abs(bad[2]):.2e} > {RTOL})")
+
+
+LAYER_FAMILIES = ["prores/alpha", "layers/act_rms", "layers/cos_in_out", "layers/grad_norm", "layers/update_ratio"]
+
+
+@pytest.mark.parametrize("name", [n for n in LAYOUTS if not n.startswith("1x1x1")])
+@pytest.mark.parametrize("family", LAYER_FAMILIES)
+def test_per_layer_diagnostics_as_one_process(runs, name, family):
+    """Each value written once, by the rank owning the layer, equal to the one-process value."""
+    need(runs[name] is not None, NO_SLURM)
+    got, want = runs[name], runs[BASELINE[name]]
+    tags = sorted(t for t in want["scalars"] if t.startswith(family + "/"))
+    assert tags and sorted(t for t in got["scalars"] if t.startswith(family + "/")) == tags
+    for tag in tags:
+        assert sum(tag in f for f in got["files"].values()) == 1, f"{tag} written by more than one rank"
+        bad = first_divergence(got["scalars"][tag], want["scalars"][tag], RTOL)
+        assert bad is None, f"{name} {tag} at step {bad[0]}: {bad[1]!r} vs one process {bad[2]!r}"
+
+
+@pytest.mark.parametrize("name", [n for n in LAYOUTS if not n.startswith("1x1x1")])
+def test_piece_gradient_norms_add_up_to_the_global_norm(runs, name):
+    need(runs[name] is not None, NO_SLURM)
+    scalars = runs[name]["scalars"]
+    pieces = [t for t in scalars if t.startswith("layers/grad_norm/")]
+    for step in scalars[pieces[0]]:
+        total = sum(scalars[t][step] ** 2 for t in pieces)
+        assert math.isclose(total, scalars["train/grad_norm"][step] ** 2, rel_tol=2 * RTOL), (name, step)
+
+
+@pytest.fixture(scope="module")
+def diverged(tmp_path_factory):
+    """Every layout with a learning rate that overflows the weights: step 1's gradients are not finite."""
+    results = {}
+    have_slurm = slurm_available()
+    for name, (launcher, overrides) in LAYOUTS.items():
+        if launcher and launcher[0] == "srun" and not have_slurm:
+            results[name] = None
+            continue
+        run_dir = tmp_path_factory.mktemp(f"diverge-{name}")
+        proc = run_cli(*train_args(run_dir, COMMON + overrides + ("optim.lr=1e30", "train.steps=4")),
+                       launcher=launcher, timeout=300)  # a rank that disagreed would hang in a collective
+        results[name] = {"proc": proc, "summary": json.loads((run_dir / "summary.json").read_text()),
+                         "dir": run_dir, "launcher": launcher}
+    return results
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_a_diverging_run_stops_on_every_rank_at_the_same_step(diverged, name):
+    need(diverged[name] is not None, NO_SLURM)
+    run, one = diverged[name], diverged[BASELINE[name]]
+    proc = run["proc"]
+    # torchrun's workers end their agent (SIGKILL) instead of letting it print a traceback (see the cli)
+    torchrun = run["launcher"] and run["launcher"][0] == "torchrun"
+    assert proc.returncode == (-signal.SIGKILL if torchrun else 3), proc.stderr[-3000:]
+    assert run["summary"]["status"] == "diverged" and run["summary"]["diverged_at"] == one["summary"]["diverged_at"] == 1
+    assert (proc.stdout + proc.stderr).count("diverged at step 1: loss") == 1
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert not (run["dir"] / "checkpoints").exists() or not any((run["dir"] / "checkpoints").glob("global_step*"))
+
+
+@pytest.mark.parametrize("name", ["1x1x1", "tp2pp2", "pp2-tied"])
+def test_analyze_reads_the_checkpoints_of_any_layout(runs, name, world_of_one):
+    """`prores analyze` on TP shards, pipeline stages and tied weights: the one-process table, whose last
+    row (the final checkpoint against itself) is 1. Within 1e-4: the weights agree to 1e-4 of an update."""
+    out = analyze(runs[name]["dir"])
+    rows = list(csv.reader(open(out / "cosine.csv")))
+    want = list(csv.reader(open(analyze(runs[BASELINE[name]]["dir"]) / "cosine.csv")))
+    assert rows[0] == ["step"] + [f"layer_{l:03d}" for l in range(1, 7)] and [r[0] for r in rows[1:]] == ["5", "10"]
+    assert all(float(v) == 1.0 for v in rows[-1][1:]) and all(-1 <= float(v) < 1 for v in rows[1][1:])
+    assert all(math.isclose(float(a), float(b), abs_tol=1e-4) for r, w in zip(rows[1:], want[1:]) for a, b in zip(r, w))
+    assert Image.open(out / "cosine.png").size == (700, 450)
+    acc = event_accumulator.EventAccumulator(str(out), size_guidance={event_accumulator.IMAGES: 0})
+    acc.Reload()
+    assert [i.step for i in acc.Images("analysis/cosine")] == [STEPS]
 
 
 @pytest.mark.parametrize("name", [n for n in LAYOUTS if not n.startswith("1x1x1")])

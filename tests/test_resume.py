@@ -200,7 +200,8 @@ def test_a_stop_signal_to_one_rank_stops_all_at_the_same_step(straight, tmp_path
     assert len(stopped) == 1 and KILL_AFTER <= stopped[0] < STEPS
     assert re.search(r"stop signal \((SIGUSR1|SIGTERM|on another rank)\): stopping after step", out)
     assert "not a Slurm job: run the same command again to resume" in out
-    assert manifest(run, stopped[0]).exists() and not (run / "summary.json").exists()
+    assert manifest(run, stopped[0]).exists()
+    assert json.loads((run / "summary.json").read_text())["status"] == "stopped"
     proc = run_cli(*train_args(run, "parallel.pp=2"), launcher=torchrun(2))
     assert proc.returncode == 0 and f"resuming from step {stopped[0]}" in proc.stdout
     b, a = scalars(run), scalars(straight["pp2"])

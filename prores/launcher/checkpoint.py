@@ -113,8 +113,8 @@ class Found:
 
 
 class Checkpoints:
-    """The checkpoints of one run directory (``RUN/checkpoints``). All methods except :meth:`exist`
-    and :meth:`newest_manifest` are collective."""
+    """The checkpoints of one run directory (``RUN/checkpoints``). All methods except :meth:`exist`,
+    :meth:`complete` and :meth:`newest_manifest` are collective."""
 
     def __init__(self, run_dir: Path, keep_last: int = 0, keep_every: int = 0):
         self.root, self.keep_last, self.keep_every = run_dir / "checkpoints", keep_last, keep_every
@@ -129,15 +129,20 @@ class Checkpoints:
     def exist(self) -> bool:
         return bool(self._tags())
 
-    def newest_manifest(self) -> Optional[Found]:
-        """The newest checkpoint with a readable manifest, its files not verified: what one process can
-        learn of the run before any process group (:meth:`newest_good` verifies, collectively)."""
-        for step, path in self._tags():
+    def complete(self) -> list[Found]:
+        """Every checkpoint with a readable manifest, oldest first, its files not verified: what one
+        process can learn of the run without a process group (:meth:`newest_good` verifies, collectively)."""
+        found = []
+        for step, path in reversed(self._tags()):
             try:
-                return Found(step, path, json.loads((path / MANIFEST).read_text()))
+                found.append(Found(step, path, json.loads((path / MANIFEST).read_text())))
             except (OSError, ValueError):
                 continue
-        return None
+        return found
+
+    def newest_manifest(self) -> Optional[Found]:
+        complete = self.complete()
+        return complete[-1] if complete else None
 
     def save(self, engine, step: int, client_state: dict, meta: dict) -> Path:
         """Write, then publish: the manifest and ``latest`` appear only after every rank is done."""

@@ -1,4 +1,4 @@
-"""The ``prores`` console script: ``prores train``, ``prores preprocess`` and ``prores config``."""
+"""The ``prores`` console script: ``prores train``, ``preprocess``, ``analyze`` and ``config``."""
 
 from __future__ import annotations
 
@@ -60,6 +60,14 @@ def _cmd_train(args) -> int:
     return 0
 
 
+def _cmd_analyze(args) -> int:
+    from prores.study.analyze import analyze
+
+    out = analyze(Path(args.run_dir))
+    print(f"wrote {out / 'cosine.csv'}, {out / 'cosine.png'} and the TensorBoard image analysis/cosine")
+    return 0
+
+
 def _cmd_config(args) -> int:
     from prores.config import key_docs, keys_markdown, load_config
 
@@ -115,6 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--on-bad-line", choices=("skip", "fail"), default="skip",
                    help="a malformed jsonl line is reported and skipped (default) or stops the run")
     p.set_defaults(func=_cmd_preprocess)
+
+    p = sub.add_parser("analyze", help="each layer's output over the kept checkpoints vs the final one (cosine)")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with checkpoints kept along the run")
+    p.set_defaults(func=_cmd_analyze)
 
     p = sub.add_parser("config", parents=[config], help="every config key with its value, default and meaning")
     p.add_argument("--markdown", action="store_true", help="the defaults as the README's Markdown table")

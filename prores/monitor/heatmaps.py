@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 
 import numpy
 import torch.distributed as dist
+from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import LogNorm, Normalize
 from matplotlib.figure import Figure
@@ -48,10 +49,9 @@ def heatmap(values: numpy.ndarray, columns: Sequence[float], *, title: str, xlab
     fig = Figure(figsize=(7, 4.5), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    cmap = "viridis"
+    cmap = colormaps["viridis"].with_extremes(bad="0.8")
     mesh = ax.pcolormesh(_edges(columns), numpy.arange(values.shape[0] + 1) + 0.5, shown,
                          norm=LogNorm(lo, hi) if log else Normalize(lo, hi), cmap=cmap, shading="flat")
-    mesh.cmap.set_bad("0.8")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("layer")
     ax.set_ylim(0.5, values.shape[0] + 0.5)
