@@ -118,6 +118,9 @@ def bad_inputs(tmp_path, finished_run) -> dict:
         "other model": (TINY + ("model.num_layers=3",), finished_run,
                         f"checkpoint {finished_run}/checkpoints/global_step{STEPS} holds a different model"
                         " (model.num_layers: 2 -> 3); resume with the same model keys, or start a new --run-dir."),
+        "other schedule": (TINY + ("prores.T=7",), finished_run,
+                           f"checkpoint {finished_run}/checkpoints/global_step{STEPS} holds another ProRes schedule"
+                           " (prores.T: 20 -> 7); resume with the same prores.* keys, or start a new --run-dir."),
         "missing data": (TINY + ("data.paths=[/nonexistent/x]",), fresh,
                          "data.paths: '/nonexistent/x' is neither a file nor an indexed dataset"),
         "one document": (TINY + (f"data.corpus={tmp_path / 'one-play.txt'}",), fresh,
@@ -131,7 +134,8 @@ def bad_inputs(tmp_path, finished_run) -> dict:
     }
 
 
-@pytest.mark.parametrize("case", ["other model", "missing data", "one document", "no text", "eval set too small"])
+@pytest.mark.parametrize("case", ["other model", "other schedule", "missing data", "one document", "no text",
+                                  "eval set too small"])
 def test_bad_input_is_one_line_before_anything_starts(finished, tmp_path, case):
     overrides, run_dir, message = bad_inputs(tmp_path, finished[0])[case]
     existed = run_dir.exists()
@@ -231,3 +235,9 @@ def test_progress_of_other_ranks_is_silent():
     progress.step(1, metrics(1.0))
     progress.write("x")
     assert out.getvalue() == ""
+
+
+def test_analyze_says_what_it_needs(tmp_path):
+    proc = run_cli("analyze", str(tmp_path), timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"prores: error: {tmp_path} is not a run directory (no config.yaml)" in proc.stderr

@@ -120,6 +120,32 @@ def test_resume_after_sigkill_repeats_the_run_bit_for_bit(straight, name, tmp_pa
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_a_divergence_keeps_the_last_good_checkpoint_and_the_run_resumes_from_it(straight, name, tmp_path):
+    """Resumed from step 10 with a learning rate that overflows the weights, B diverges: exit status 3
+    (torchrun's agent is ended instead), status "diverged" in the summary, nothing saved after step 10
+    and that checkpoint untouched. Resumed again as configured, B is the straight run, bit for bit."""
+    launcher, extra = LAYOUTS[name]
+    run_b = tmp_path / "B"
+    kill_after_checkpoint(run_b, launcher, extra)
+    good = run_b / "checkpoints" / f"global_step{KILL_AFTER}"
+    before = {p: p.read_bytes() for p in good.rglob("*") if p.is_file()}
+    proc = run_cli(*train_args(run_b, *extra, "optim.lr=1e30"), launcher=launcher)
+    assert proc.returncode == (-signal.SIGKILL if launcher else 3), proc.stderr[-3000:]
+    summary = json.loads((run_b / "summary.json").read_text())
+    assert summary["status"] == "diverged" and summary["diverged_at"] > KILL_AFTER
+    assert (f"diverged at step {summary['diverged_at']}: loss" in proc.stdout
+            and f"the last good checkpoint {good} is kept" in proc.stdout)
+    assert sorted(p.name for p in (run_b / "checkpoints").glob("global_step*")) == [good.name]
+    assert {p: p.read_bytes() for p in good.rglob("*") if p.is_file()} == before
+    proc = run_cli(*train_args(run_b, *extra), launcher=launcher)
+    assert proc.returncode == 0 and f"resuming from step {KILL_AFTER}" in proc.stdout, proc.stderr[-3000:]
+    assert json.loads((run_b / "summary.json").read_text())["status"] == "completed"
+    a, b = scalars(straight[name]), scalars(run_b)
+    for tag in set(a) - {"train/tokens_per_sec"}:
+        assert {s: v for s, v in b[tag].items() if s >= KILL_AFTER} == {s: v for s, v in a[tag].items() if s >= KILL_AFTER}, tag
+
+
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(straight, tmp_path):
     run = tmp_path / "A"
     shutil.copytree(straight["pp1"], run)

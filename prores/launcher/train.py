@@ -320,4 +320,7 @@ def train(cfg: Config, run_dir: Path, resume: bool = True, overwrite: bool = Fal
                   f" vs unigram entropy {summary.unigram_entropy:.4f} nats/token"
                   f" ({_rate(summary.tokens_per_sec)} tokens/s over the run,"
                   f" {_rate(summary.steady_tokens_per_sec)} in the steady state)")
+    # Leave together: a launcher ends the other ranks as soon as one exits with an error (a divergence),
+    # which must not cut the loss writer's summary short.
+    torch.distributed.barrier()
     return summary

@@ -43,13 +43,15 @@ def _load(pieces: list, specs: list, weights: dict[str, torch.Tensor]) -> None:
 
 @torch.no_grad()
 def _block_outputs(pieces: list, tokens: torch.Tensor, step: int) -> dict[int, torch.Tensor]:
+    """Every block's output for ``tokens``, with the alpha of ``step`` (the pieces after the last block
+    are not needed)."""
     outputs, h = {}, tokens
     for piece in pieces:
         if isinstance(piece, Block):
             piece.set_step(step)
-        h = piece(h)
-        if isinstance(piece, Block):
-            outputs[piece.layer_number] = h.float()
+            outputs[piece.layer_number] = h = piece(h)
+        elif not outputs:
+            h = piece(h)
     return outputs
 
 
@@ -76,7 +78,7 @@ def analyze(run_dir: Path) -> Path:
         _load(pieces, specs, consolidated_weights(run_dir / "checkpoints" / f"global_step{step}", pieces))
         outputs[step] = _block_outputs(pieces, probe, step)
         if step != steps[-1]:  # only the final outputs are kept whole
-            outputs[step] = {l: F.cosine_similarity(out, outputs[steps[-1]][l], dim=-1).mean().item()
+            outputs[step] = {l: F.cosine_similarity(out.float(), outputs[steps[-1]][l].float(), dim=-1).mean().item()
                              for l, out in outputs[step].items()}
     outputs[steps[-1]] = {l: 1.0 for l in outputs[steps[-1]]}
     layers = range(1, m.num_layers + 1)
@@ -93,6 +95,8 @@ def analyze(run_dir: Path) -> Path:
     (out_dir / "cosine.png").write_bytes(png(fig))
     from torch.utils.tensorboard import SummaryWriter
 
+    for old in out_dir.glob("events.out.tfevents.*"):  # an analysis is redone whole, never appended to
+        old.unlink()
     with SummaryWriter(log_dir=str(out_dir)) as tb:
         tb.add_image("analysis/cosine", rgb(fig), steps[-1], dataformats="HWC")
     return out_dir
