@@ -72,7 +72,7 @@ def test_the_summary_is_strict_json_with_the_whole_run_rate(finished):
 
 
 def test_nan_is_written_as_null(tmp_path):
-    Summary(steps=3, final_valid_loss=float("nan"), unigram_entropy=3.3, tokens_per_sec=None,
+    Summary(status="diverged", steps=3, final_valid_loss=float("nan"), unigram_entropy=3.3, tokens_per_sec=None,
             steady_tokens_per_sec=None, train_seconds=0.0).write(tmp_path)
     summary = strict_json((tmp_path / "summary.json").read_text())
     assert summary["final_valid_loss"] is None and summary["tokens_per_sec"] is None
@@ -117,7 +117,7 @@ def bad_inputs(tmp_path, finished_run) -> dict:
     return {
         "other model": (TINY + ("model.num_layers=3",), finished_run,
                         f"checkpoint {finished_run}/checkpoints/global_step{STEPS} holds a different model"
-                        " (model.num_layers: 2 -> 3); resume with the same model keys, or start a new --run-dir."),
+                        " (model.num_layers: 2 -> 3); resume with the same model.* keys, or start a new --run-dir."),
         "other schedule": (TINY + ("prores.T=7",), finished_run,
                            f"checkpoint {finished_run}/checkpoints/global_step{STEPS} holds another ProRes schedule"
                            " (prores.T: 20 -> 7); resume with the same prores.* keys, or start a new --run-dir."),
