@@ -176,7 +176,8 @@ def test_a_diverging_run_stops_on_every_rank_at_the_same_step(diverged, name):
         assert proc.returncode != 0 and "Exited with exit code 3" in proc.stderr, proc.stderr[-3000:]
     else:
         assert proc.returncode == 3, proc.stderr[-3000:]
-    assert run["summary"]["status"] == "diverged" and run["summary"]["diverged_at"] == one["summary"]["diverged_at"] == 1
+    assert run["summary"]["status"] == "diverged"
+    assert run["summary"]["diverged_at"] == one["summary"]["diverged_at"] == 1
     assert (proc.stdout + proc.stderr).count("diverged at step 1: loss") == 1
     assert "Traceback" not in proc.stdout + proc.stderr
     assert not (run["dir"] / "checkpoints").exists() or not any((run["dir"] / "checkpoints").glob("global_step*"))

@@ -143,7 +143,8 @@ def test_a_divergence_keeps_the_last_good_checkpoint_and_the_run_resumes_from_it
     assert json.loads((run_b / "summary.json").read_text())["status"] == "completed"
     a, b = scalars(straight[name]), scalars(run_b)
     for tag in set(a) - {"train/tokens_per_sec"}:
-        assert {s: v for s, v in b[tag].items() if s >= KILL_AFTER} == {s: v for s, v in a[tag].items() if s >= KILL_AFTER}, tag
+        after = {s: v for s, v in a[tag].items() if s >= KILL_AFTER}
+        assert {s: v for s, v in b[tag].items() if s >= KILL_AFTER} == after, tag
 
 
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(straight, tmp_path):

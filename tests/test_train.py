@@ -92,7 +92,8 @@ def test_heatmaps_and_the_custom_scalars_layout_are_in_the_run(run):
         assert [i.step for i in images] == [60, 120]  # refreshed at every evaluation
         picture = Image.open(io.BytesIO(images[-1].encoded_image_string))
         assert picture.format == "PNG" and picture.size == (images[-1].width, images[-1].height) == (700, 450)
-    events = [e for path in run_dir.glob("events.out.tfevents.*") for e in event_file_loader.EventFileLoader(str(path)).Load()]
+    events = [e for path in run_dir.glob("events.out.tfevents.*")
+              for e in event_file_loader.EventFileLoader(str(path)).Load()]
     layouts = [v for e in events for v in e.summary.value if v.tag == "custom_scalars__config__"]
     assert len(layouts) == 1  # once per run
     layout = layout_pb2.Layout.FromString(layouts[0].tensor.string_val[0])

@@ -134,7 +134,9 @@ class StopOnSignal(Callback):
 
     def post_step(self, trainer, step: int, metrics: dict) -> None:
         done = step + 1
-        if trainer.stop_status is not None or done == trainer.cfg.train.steps or not self.signals.agreed(trainer.device):
+        if trainer.stop_status is not None or done == trainer.cfg.train.steps:
+            return  # every rank knows either alike: no all-reduce needed
+        if not self.signals.agreed(trainer.device):
             return
         trainer.say(f"stop signal ({self.signals.received}): stopping after step {done}")
         newest = trainer.checkpoints.newest_manifest()

@@ -46,7 +46,6 @@ class LayerDiagnostics(Callback):
         self._forward: dict[int, torch.Tensor] = {}  # layer -> [sum of mean squares, sum of cosines, forwards]
 
     def on_start(self, trainer) -> None:
-        topo = trainer.topo
         self.pieces = owned_pieces(trainer.module)
         self.blocks = dict(sorted(trainer.blocks.items()))
         self.handles = [b.register_forward_hook(self._hook(layer)) for layer, b in self.blocks.items()]
@@ -65,8 +64,9 @@ class LayerDiagnostics(Callback):
 
     def pre_step(self, trainer, step: int) -> None:
         self.active = step % trainer.cfg.logging.stats_interval == 0
+        self.grad_sq = None
         if self.active:  # the weights before the update, for ||Δw||
-            self.before = {l: [p.detach().clone() for p in b.parameters()] for l, b in self.blocks.items()}
+            self.before = {id(p): p.detach().clone() for b in self.blocks.values() for p in b.parameters()}
 
     def pre_update(self, trainer, step: int) -> None:
         if self.active:
@@ -81,23 +81,19 @@ class LayerDiagnostics(Callback):
         self.active = False
         writer, tp_rank = trainer.writer, trainer.topo.tp_rank
         if self.blocks:
-            forward = torch.stack([self._forward[l] for l in self.blocks])
-            self._forward.clear()
+            forward = torch.stack([self._forward.pop(l) for l in self.blocks])
             torch.distributed.all_reduce(forward, group=self.dp_group)
-            forward = forward.cpu()
-            writer.layer_scalars("layers/act_rms", dict(zip(self.blocks, (forward[:, 0] / forward[:, 2]).sqrt().tolist())), step)
-            writer.layer_scalars("layers/cos_in_out", dict(zip(self.blocks, (forward[:, 1] / forward[:, 2]).tolist())), step)
+            mean = (forward[:, :2] / forward[:, 2:]).cpu()
+            writer.layer_scalars("layers/act_rms", dict(zip(self.blocks, mean[:, 0].sqrt().tolist())), step)
+            writer.layer_scalars("layers/cos_in_out", dict(zip(self.blocks, mean[:, 1].tolist())), step)
             params = [list(b.parameters()) for b in self.blocks.values()]
-            before = {id(p): old for b, olds in zip(params, self.before.values()) for p, old in zip(b, olds)}
-            delta = grouped_sq_norms(params, lambda p: p.detach() - before[id(p)], tp_rank, [self.tp_group],
+            delta = grouped_sq_norms(params, lambda p: p.detach() - self.before[id(p)], tp_rank, [self.tp_group],
                                      trainer.device)
             weight = grouped_sq_norms(params, lambda p: p, tp_rank, [self.tp_group], trainer.device)
             self.before = {}
             writer.layer_scalars("layers/update_ratio", dict(zip(self.blocks, (delta / weight).sqrt().tolist())), step)
-        if hasattr(self, "grad_sq"):  # no update reached the optimizer (it was skipped) otherwise
-            norms = dict(zip(self.pieces, self.grad_sq.sqrt().tolist()))
-            writer.layer_scalars("layers/grad_norm", norms, step)
-            del self.grad_sq
+        if self.grad_sq is not None:
+            writer.layer_scalars("layers/grad_norm", dict(zip(self.pieces, self.grad_sq.sqrt().tolist())), step)
 
     def on_end(self, trainer, summary) -> None:
         for h in self.handles:
