@@ -83,21 +83,34 @@ def scalars_by_file(run_dir):
     return out
 
 
+def train_every_layout(tmp_path_factory, label: str, extra=(), timeout=900) -> dict:
+    """name: (run directory, launcher, finished process) for COMMON + the layout's overrides + ``extra``;
+    None for a Slurm layout where no Slurm answers."""
+    have_slurm = slurm_available()
+    out = {}
+    for name, (launcher, overrides) in LAYOUTS.items():
+        if launcher and launcher[0] == "srun" and not have_slurm:
+            out[name] = None
+            continue
+        run_dir = tmp_path_factory.mktemp(label + name)
+        out[name] = (run_dir, launcher, run_cli(*train_args(run_dir, COMMON + overrides + extra), launcher=launcher,
+                                                timeout=timeout))
+    return out
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     results = {}
-    have_slurm = slurm_available()
-    for name, (launcher, overrides) in LAYOUTS.items():
-        if launcher and launcher[0] == "srun" and not have_slurm:
+    for name, done in train_every_layout(tmp_path_factory, "").items():
+        if done is None:
             results[name] = None
             continue
-        run_dir = tmp_path_factory.mktemp(name)
-        proc = run_cli(*train_args(run_dir, COMMON + overrides), launcher=launcher)
+        run_dir, _, proc = done
         assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
         per_file = scalars_by_file(run_dir)
         merged = {tag: values for f in per_file.values() for tag, values in f.items()}
         results[name] = {"dir": run_dir, "files": per_file, "scalars": merged,
-                         "overrides": COMMON + overrides, "stdout": proc.stdout}
+                         "overrides": COMMON + LAYOUTS[name][1], "stdout": proc.stdout}
     return results
 
 
@@ -150,18 +163,11 @@ def test_piece_gradient_norms_add_up_to_the_global_norm(runs, name):
 @pytest.fixture(scope="module")
 def diverged(tmp_path_factory):
     """Every layout with a learning rate that overflows the weights: step 1's gradients are not finite."""
-    results = {}
-    have_slurm = slurm_available()
-    for name, (launcher, overrides) in LAYOUTS.items():
-        if launcher and launcher[0] == "srun" and not have_slurm:
-            results[name] = None
-            continue
-        run_dir = tmp_path_factory.mktemp(f"diverge-{name}")
-        proc = run_cli(*train_args(run_dir, COMMON + overrides + ("optim.lr=1e30", "train.steps=4")),
-                       launcher=launcher, timeout=300)  # a rank that disagreed would hang in a collective
-        results[name] = {"proc": proc, "summary": json.loads((run_dir / "summary.json").read_text()),
-                         "dir": run_dir, "launcher": launcher}
-    return results
+    # timeout: a rank that disagreed would hang in a collective
+    done = train_every_layout(tmp_path_factory, "diverge-", ("optim.lr=1e30", "train.steps=4"), timeout=300)
+    return {name: None if d is None else {"dir": d[0], "launcher": d[1], "proc": d[2],
+                                          "summary": json.loads((d[0] / "summary.json").read_text())}
+            for name, d in done.items()}
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
