@@ -21,7 +21,7 @@ from pathlib import Path
 
 MODEL = ("model.num_layers=8", "model.hidden_size=128", "model.ffn_hidden_size=344", "model.num_heads=4",
          "model.seq_length=128", "logging.progress_bar=false", "train.eval_interval=100000",
-         "data.eval_batches=1")
+         "data.eval_samples=8")
 
 
 def tokens_per_sec(tp: int, pp: int, dp: int, steps: int, micro: int, accum: int) -> float:

@@ -93,8 +93,8 @@ class DataConfig:
     eval: dict = _key({}, "held-out sets, name: PREFIX or text file; logged as eval/<name>/loss and /ppl")
     tokenizer: str = _key("byte", "byte (256 bytes, <eod>, <pad>) or a local Hugging Face tokenizer.json")
     json_key: str = _key("text", "the text field of each jsonl line")
-    eval_batches: int = _key(8, "global batches per evaluation of the validation split and of each eval set",
-                             minimum=1)
+    eval_samples: int = _key(128, "samples per evaluation of the validation split and of each eval set, the same"
+                                  " in every layout (a multiple of train.micro_batch_size x dp)", minimum=1)
 
 
 @dataclass

@@ -22,7 +22,7 @@ from prores.launcher.summary import Summary
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 6
 TINY = ("model.num_layers=2", "model.seq_length=32", "train.micro_batch_size=4", f"train.steps={STEPS}",
-        "train.log_interval=2", "train.eval_interval=3", "data.eval_batches=1", "kernels.backend=eager")
+        "train.log_interval=2", "train.eval_interval=3", "data.eval_samples=4", "kernels.backend=eager")
 DEEPSPEED_START_UP = ("Setting accelerator to CPU", "built successfully", "SEED_LAYERS=", "Using topology:")
 
 
@@ -128,14 +128,16 @@ def bad_inputs(tmp_path, finished_run) -> dict:
         "no text": (TINY + (f"data.corpus={tmp_path / 'empty.txt'}",), fresh,
                     f"no text in {tmp_path / 'empty.txt'}: 1 empty document(s)"),
         # 50 lines of 43 bytes and <eod>: (2151 - 1) // 32 = 67 windows
-        "eval set too small": (TINY + (f"data.eval.tiny={tmp_path / 'one-play.txt'}", "train.micro_batch_size=128"),
+        "eval set too small": (TINY + (f"data.eval.tiny={tmp_path / 'one-play.txt'}", "data.eval_samples=68"),
                                fresh, f"data.eval.tiny ({tmp_path / 'one-play.txt'}) has 67 sequences, fewer than"
-                                      " one batch of 128"),
+                                      " data.eval_samples=68"),
+        "eval samples not whole batches": (TINY + ("data.eval_samples=6",), fresh,
+                                           "data.eval_samples=6 is not a multiple of the evaluation batch of 4"),
     }
 
 
 @pytest.mark.parametrize("case", ["other model", "other schedule", "missing data", "one document", "no text",
-                                  "eval set too small"])
+                                  "eval set too small", "eval samples not whole batches"])
 def test_bad_input_is_one_line_before_anything_starts(finished, tmp_path, case):
     overrides, run_dir, message = bad_inputs(tmp_path, finished[0])[case]
     existed = run_dir.exists()

@@ -84,7 +84,7 @@ def test_the_image_builds_and_trains_like_the_host(tmp_path):
                                env=env, timeout=300)
     assert help_text.returncode == 0 and "--no-resume" in help_text.stdout
     args = ["--set", "model.num_layers=2", "--set", "model.seq_length=32", "--set", "train.micro_batch_size=4",
-            "--set", "train.steps=4", "--set", "data.eval_batches=1", "--set", "kernels.backend=eager"]
+            "--set", "train.steps=4", "--set", "data.eval_samples=4", "--set", "kernels.backend=eager"]
     image_dir, host_dir = tmp_path / "image", tmp_path / "host"
     image_dir.mkdir()
     host_dir.mkdir()

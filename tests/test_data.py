@@ -105,12 +105,13 @@ def test_state_dict_resumes_exactly():
         TrainBatches(Windows(50), 3, seed=10).load_state_dict(b.state_dict())
 
 
-def test_fixed_batches_are_the_first_ones_and_sharded():
-    whole = fixed_batches(Windows(25), 4, num_batches=3)
-    halves = [fixed_batches(Windows(25), 2, num_batches=3, dp_rank=r, dp_size=2) for r in range(2)]
+def test_fixed_batches_are_the_first_samples_and_sharded():
+    whole = fixed_batches(Windows(25), 4, num_samples=12)
+    halves = [fixed_batches(Windows(25), 2, num_samples=12, dp_rank=r, dp_size=2) for r in range(2)]
     for k in range(3):
         assert torch.equal(whole[k][0], torch.cat([halves[0][k][0], halves[1][k][0]]))
-    assert whole[0][0][0, 0] == 0 and whole[2][0][-1, 0] == 44
-    assert len(fixed_batches(Windows(9), 4, num_batches=3)) == 2  # a short set gives what it has
-    with pytest.raises(UsageError, match="data.eval.x has 25 sequences, fewer than one batch of 32"):
-        fixed_batches(Windows(25), 32, num_batches=1, what="data.eval.x")
+    assert len(whole) == 3 and whole[0][0][0, 0] == 0 and whole[2][0][-1, 0] == 44
+    with pytest.raises(UsageError, match="data.eval.x has 9 sequences, fewer than data.eval_samples=12"):
+        fixed_batches(Windows(9), 4, num_samples=12, what="data.eval.x")
+    with pytest.raises(UsageError, match="data.eval_samples=12 is not a multiple of the evaluation batch of 8"):
+        fixed_batches(Windows(25), 4, num_samples=12, dp_size=2)

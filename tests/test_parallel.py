@@ -45,7 +45,7 @@ WEIGHT_TOL = 1e-4
 COMMON = ("model.num_layers=6", "model.hidden_size=64", "model.ffn_hidden_size=128", "model.num_heads=4",
           "model.seq_length=32", "model.dropout=0.0", "train.precision=fp32", f"train.steps={STEPS}",
           "train.micro_batch_size=4", "train.log_interval=1", "train.eval_interval=5",
-          "optim.lr=0.1", "optim.eps=1.0", "optim.warmup_steps=2", "prores.T=2", "data.eval_batches=2",
+          "optim.lr=0.1", "optim.eps=1.0", "optim.warmup_steps=2", "prores.T=2", "data.eval_samples=8",
           "logging.stats_interval=3", "checkpoint.interval=5",
           "logging.progress_bar=false", f"data.eval.fixture={Path(__file__).parent / 'fixtures' / 'tiny_corpus.jsonl'}")
 UNEVEN = ("model.num_layers=5", "parallel.pp=2", "parallel.stage_layers=[2, 3]")

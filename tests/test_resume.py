@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS, KILL_AFTER = 20, 10
 # ~0.2 s a step on 2 cores: 10 steps of margin to kill B between its step-10 and step-20 checkpoints
 CONFIG = ("model.num_layers=8", "model.seq_length=128", "train.micro_batch_size=8", f"train.steps={STEPS}",
-          "train.log_interval=1", "train.eval_interval=10", "data.eval_batches=2", "checkpoint.interval=10",
+          "train.log_interval=1", "train.eval_interval=10", "data.eval_samples=16", "checkpoint.interval=10",
           "kernels.backend=eager", "logging.progress_bar=false")
 LAYOUTS = {"pp1": (None, ()), "pp2": (torchrun(2), ("parallel.pp=2",))}
 

@@ -61,31 +61,48 @@ def test_eval_sets_from_text_and_from_a_read_only_prefix(world_of_one, tmp_path)
     data_dir = tmp_path / "data"
     preprocess([str(JSONL)], str(data_dir / "docs"), progress=False)
     before = sorted(data_dir.iterdir())
-    cfg = DataConfig(corpus=str(JSONL), split="80,20,0", eval_batches=1000,
+    docs = IndexedDataset(str(data_dir / "docs"))  # alive while its mmap'd arrays are read
+    jsonl_windows = (int(docs.sequence_lengths.sum()) - 1) // 32
+    samples = jsonl_windows // 4 * 4  # the smaller set, in whole batches of 4
+    cfg = DataConfig(corpus=str(JSONL), split="80,20,0", eval_samples=samples,
                      eval={"text": str(FIXTURES / "tiny_corpus.txt"), "docs": str(data_dir / "docs")})
     run = build(cfg, tmp_path / "cache")
     assert sorted(data_dir.iterdir()) == before  # nothing written next to the data
     stream = list((FIXTURES / "tiny_corpus.txt").read_bytes()) + [256]
-    # one epoch of the file's 32-token windows, each once: 17441 tokens -> (17441 - 1) // 32 = 545 windows
+    # the file's 32-token windows, none twice: 17441 tokens -> (17441 - 1) // 32 = 545 windows
     windows = Counter(tuple(stream[k * 32: k * 32 + 32]) for k in range(545))
     batches = run.evals["text"]
-    assert len(batches) == 545 // 4
+    assert len(batches) == samples // 4 and len(run.evals["docs"]) == samples // 4
     got = Counter(tuple(row) for x, y in batches for row in x.tolist())
-    assert sum(got.values()) == 544 and not got - windows
+    assert sum(got.values()) == samples and not got - windows  # no window more often than in the file
     assert all(torch.equal(x[:, 1:], y[:, :-1]) for x, y in batches)
-    docs = IndexedDataset(str(data_dir / "docs"))  # alive while its mmap'd arrays are read
-    jsonl_tokens = int(docs.sequence_lengths.sum())
-    assert len(run.evals["docs"]) == ((jsonl_tokens - 1) // 32) // 4
 
 
 def test_eval_batches_are_split_over_dp_ranks(world_of_one, tmp_path):
-    cfg = DataConfig(corpus=str(JSONL), split="80,20,0", eval_batches=3, eval={"t": str(FIXTURES / "tiny_corpus.txt")})
+    cfg = DataConfig(corpus=str(JSONL), split="80,20,0", eval_samples=12, eval={"t": str(FIXTURES / "tiny_corpus.txt")})
     whole = build(cfg, tmp_path / "c", micro=4)
     halves = [build(cfg, tmp_path / "c", micro=2, dp_rank=r, dp_size=2) for r in range(2)]
     for k in range(3):
         assert torch.equal(whole.evals["t"][k][0], torch.cat([h.evals["t"][k][0] for h in halves]))
     for k in range(len(whole.valid)):
         assert torch.equal(whole.valid[k][0], torch.cat([h.valid[k][0] for h in halves]))
+
+
+@pytest.mark.parametrize("micro,dp", [(2, 1), (1, 4), (3, 2)])
+def test_evaluations_see_the_same_samples_whatever_the_batch_layout(world_of_one, tmp_path, micro, dp):
+    """Before, the validation set was a number of batches: micro 4 and micro 2 x accum 2 measured on other samples."""
+    cfg = DataConfig(corpus=str(JSONL), split="80,20,0", eval_samples=24, eval={"t": str(FIXTURES / "tiny_corpus.txt")})
+
+    def samples(run_data):
+        return {name: torch.cat([x for x, _ in batches]) for name, batches in
+                [("valid", run_data.valid), ("t", run_data.evals["t"])]}
+
+    whole = samples(build(cfg, tmp_path / "c", micro=4))
+    shares = [samples(build(cfg, tmp_path / "c", micro=micro, dp_rank=r, dp_size=dp)) for r in range(dp)]
+    for name, want in whole.items():
+        got = torch.cat([s[name] for s in shares])
+        assert len(got) == len(want) == 24
+        assert sorted(map(tuple, got.tolist())) == sorted(map(tuple, want.tolist()))
 
 
 def test_unigram_entropy_is_of_the_training_distribution(world_of_one, tmp_path):

@@ -42,22 +42,30 @@ class TrainBatches:
         self.consumed = state["consumed"]
 
 
-def check_one_batch(num_samples: int, batch: int, what: str) -> None:
-    if num_samples < batch:
-        raise UsageError(
-            f"{what} has {num_samples} sequences, fewer than one batch of {batch}"
-            " (train.micro_batch_size x data-parallel size); give it more text or lower train.micro_batch_size."
-        )
+def check_eval_samples(num_samples: int, batch: int) -> None:
+    """Evaluations see the same ``data.eval_samples`` samples in every layout, so they must fill whole
+    global batches of ``batch`` = micro-batch x dp."""
+    if num_samples % batch:
+        raise UsageError(f"data.eval_samples={num_samples} is not a multiple of the evaluation batch of {batch}"
+                         " (train.micro_batch_size x data-parallel size); every layout must evaluate the same"
+                         f" samples: pick a multiple of {batch}.")
 
 
-def fixed_batches(samples, micro_batch_size: int, num_batches: int, dp_rank: int = 0, dp_size: int = 1,
+def check_enough(available: int, num_samples: int, what: str) -> None:
+    if available < num_samples:
+        raise UsageError(f"{what} has {available} sequences, fewer than data.eval_samples={num_samples};"
+                         " give it more text or lower data.eval_samples.")
+
+
+def fixed_batches(samples, micro_batch_size: int, num_samples: int, dp_rank: int = 0, dp_size: int = 1,
                   what: str = "the validation split") -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The first ``num_batches`` global batches (fewer if ``samples`` is short), this rank's share of each."""
+    """The first ``num_samples`` samples as global batches of micro-batch x dp, this rank's share of each."""
     per_step = micro_batch_size * dp_size
-    check_one_batch(len(samples), per_step, what)
-    usable = min(num_batches, len(samples) // per_step)
+    check_eval_samples(num_samples, per_step)
+    check_enough(len(samples), num_samples, what)
     return [samples.batch(range(k * per_step + dp_rank * micro_batch_size,
-                                k * per_step + (dp_rank + 1) * micro_batch_size)) for k in range(usable)]
+                                k * per_step + (dp_rank + 1) * micro_batch_size))
+            for k in range(num_samples // per_step)]
 
 
 def unigram_entropy(samples, max_samples: int = 1024) -> float:

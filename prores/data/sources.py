@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from prores.data.batches import TrainBatches, check_one_batch, fixed_batches, unigram_entropy
+from prores.data.batches import TrainBatches, check_enough, check_eval_samples, fixed_batches, unigram_entropy
 from prores.data.corpus import SHAKESPEARE, corpus_files
 from prores.data.indexed import (IndexedSamples, build_eval_dataset, build_gpt_datasets, check_prefixes, check_splits,
                                  eval_windows)
@@ -84,10 +84,12 @@ def resolve_sources(d, cache_dir: Path) -> Sources:
 
 def check_sources(sources: Sources, d, *, seq_length: int, batch: int) -> None:
     """Enough data for the run, from the ``.idx`` files: every train prefix has sequences in the train
-    and valid splits, every eval set one batch (``batch`` = micro-batch x dp) of windows."""
+    and valid splits, every eval set ``data.eval_samples`` windows, a multiple of ``batch``
+    (micro-batch x dp)."""
+    check_eval_samples(d.eval_samples, batch)
     check_splits(sources.train, d.split)
     for name, prefix in sources.evals.items():
-        check_one_batch(eval_windows(prefix, seq_length), batch, f"data.eval.{name} ({d.eval[name]})")
+        check_enough(eval_windows(prefix, seq_length), d.eval_samples, f"data.eval.{name} ({d.eval[name]})")
 
 
 @dataclass
@@ -103,14 +105,13 @@ def build_run_data(data_cfg, tokenizer, *, seq_length: int, micro_batch_size: in
     """``train_samples``: global samples the run will draw (steps x global batch)."""
     d = data_cfg
     sources = resolve_sources(d, cache_dir)
-    eval_samples = d.eval_batches * micro_batch_size * dp_size
     train, valid = build_gpt_datasets(sources.train, d.weights or None, tokenizer, seq_length=seq_length, seed=seed,
-                                      cache_dir=cache_dir, num_train=train_samples, num_valid=eval_samples,
+                                      cache_dir=cache_dir, num_train=train_samples, num_valid=d.eval_samples,
                                       split=d.split)
     train = IndexedSamples(train)
 
     def batches(samples, what):
-        return fixed_batches(samples, micro_batch_size, d.eval_batches, dp_rank, dp_size, what)
+        return fixed_batches(samples, micro_batch_size, d.eval_samples, dp_rank, dp_size, what)
 
     evals = {}
     for name, prefix in sources.evals.items():
