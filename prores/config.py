@@ -370,5 +370,9 @@ def _check_data(d: DataConfig) -> None:
                               " name of letters, digits, '_' or '-' (it becomes the tag eval/<name>/loss).")
 
 
+def config_text(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
 def dump_config(cfg: Config, path: Path) -> None:
-    path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    path.write_text(config_text(cfg))

@@ -5,6 +5,7 @@ line under every launcher with no traceback, and leaves no run directory; a
 finished run is left as it is; the output is the run's, not DeepSpeed's.
 """
 
+import hashlib
 import io
 import json
 import subprocess
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tensorboard.backend.event_processing import event_accumulator
 
 from conftest import NO_SLURM, deepspeed_launcher, need, run_cli, slurm_available, srun, torchrun, train_args
 from prores.config import key_docs, keys_markdown, load_config
@@ -84,7 +86,7 @@ def test_a_finished_run_says_so_and_is_left_as_it_was(finished):
     proc = run_cli(*train_args(run_dir, TINY))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines() == [f"run directory {run_dir} is finished (step {STEPS}, train.steps={STEPS});"
-                                        " its summary.json is left as it was. To train further, raise train.steps."]
+                                        " its summary.json is left as it was. A longer run needs a new --run-dir."]
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
 
 
@@ -243,3 +245,35 @@ def test_analyze_says_what_it_needs(tmp_path):
     proc = run_cli("analyze", str(tmp_path), timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"prores: error: {tmp_path} is not a run directory (no config.yaml)" in proc.stderr
+
+
+def test_a_resume_refuses_another_sample_schedule(finished, tmp_path):
+    """train.steps and the global batch fix Megatron's sample order and the LR schedule."""
+    run_dir = finished[0]
+    for overrides, now in (((f"train.steps={STEPS + 4}",), f"train.steps={STEPS + 4} and 4"),
+                           (("train.micro_batch_size=2",), f"train.steps={STEPS} and 2"),
+                           (("train.micro_batch_size=2", "train.grad_accum=2"), None)):
+        proc = run_cli(*train_args(run_dir, TINY + overrides), timeout=300)
+        if now is None:  # the same 4 samples a step, micro-batched otherwise: fine (and finished)
+            assert proc.returncode == 0 and "is finished" in proc.stdout, proc.stderr[-2000:]
+            continue
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert (f"belongs to a run of train.steps={STEPS} with global batches of 4 samples; this run has {now}."
+                in proc.stderr), proc.stderr
+
+
+def test_the_summary_says_what_a_report_needs(finished):
+    run_dir = finished[0]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    cfg_text = (run_dir / summary["config"]).read_text()
+    assert summary["config_sha256"] == hashlib.sha256(cfg_text.encode()).hexdigest()
+    cfg = load_config(run_dir / "config.yaml")
+    m, vocab = cfg.model, 384  # 258 padded to a multiple of 128
+    # embedding + per block (q, k, v, o, SwiGLU fc1 (2 x ffn), fc2, two RMSNorm gains) + final norm + head
+    per_block = 4 * m.hidden_size ** 2 + 3 * m.hidden_size * m.ffn_hidden_size + 2 * m.hidden_size
+    assert summary["parameters"] == vocab * m.hidden_size * 2 + m.num_layers * per_block + m.hidden_size
+    events = event_accumulator.EventAccumulator(str(run_dir))
+    events.Reload()
+    valid = {e.step: e.value for e in events.Scalars("valid/loss")}
+    best = min(valid, key=valid.get)
+    assert (summary["best_valid_step"], summary["best_valid_loss"]) == (best, pytest.approx(valid[best], rel=1e-6))

@@ -116,6 +116,29 @@ class StopWhenNonFinite(Callback):
         self.skipped, self.in_a_row = state["skipped"], state["in_a_row"]
 
 
+class BestValidation(Callback):
+    """The lowest validation loss so far and its step, for the summary."""
+
+    name = "best_valid"
+
+    def __init__(self):
+        self.loss, self.step = math.inf, None
+
+    def post_eval(self, trainer, step: int, metrics: dict) -> None:
+        if metrics["valid/loss"] < self.loss:
+            self.loss, self.step = metrics["valid/loss"], step
+
+    def on_end(self, trainer, summary) -> None:
+        if self.step is not None:
+            summary.best_valid_loss, summary.best_valid_step = self.loss, self.step
+
+    def state_dict(self) -> dict:
+        return {"loss": self.loss, "step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.loss, self.step = state["loss"], state["step"]
+
+
 class SaveCheckpoints(Callback):
     """``checkpoint.interval`` steps apart, and at the end."""
 

@@ -32,8 +32,9 @@ class Plan:
     finished: bool  # the newest checkpoint is at or past train.steps and the summary says completed
 
 
-def check_resumable(found: Found, cfg: Config) -> None:
-    """Resuming changes dp freely; tp, pp and the model must be the ones the checkpoint was written with."""
+def check_resumable(found: Found, cfg: Config, global_batch: int) -> None:
+    """Resuming may change dp (the number of processes) and micro-batching, but not the samples per step,
+    train.steps, tp, pp, the model or ProRes."""
     saved = found.manifest["parallel"]
     if (saved["tp"], saved["pp"]) != (cfg.parallel.tp, cfg.parallel.pp):
         raise UsageError(
@@ -43,6 +44,15 @@ def check_resumable(found: Found, cfg: Config) -> None:
             " or start a new --run-dir."
         )
     saved, now = found.manifest["config"], cfg.to_dict()
+    was = (saved["train"]["steps"], saved["train"]["micro_batch_size"] * saved["train"]["grad_accum"]
+           * found.manifest["parallel"]["dp"])
+    if was != (cfg.train.steps, global_batch):
+        raise UsageError(
+            f"checkpoint {found.path} belongs to a run of train.steps={was[0]} with global batches of {was[1]}"
+            f" samples; this run has train.steps={cfg.train.steps} and {global_batch}. Megatron's sample order"
+            " (shuffled over the epochs those samples span) and the learning-rate schedule depend on both:"
+            f" resume with train.steps={was[0]} and micro_batch_size x grad_accum x dp = {was[1]},"
+            " or start a new --run-dir.")
     for section, what in (("model", "a different model"), ("prores", "another ProRes schedule")):
         changed = [f"{section}.{k}: {saved[section].get(k)!r} -> {v!r}" for k, v in now[section].items()
                    if saved[section].get(k) != v]
@@ -51,7 +61,7 @@ def check_resumable(found: Found, cfg: Config) -> None:
                              f" {section}.* keys, or start a new --run-dir.")
 
 
-def check_run_dir(cfg: Config, run_dir: Path, resume: bool, overwrite: bool) -> Optional[Found]:
+def check_run_dir(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, dp: int) -> Optional[Found]:
     """The checkpoint a resume starts from, if any."""
     checkpoints = Checkpoints(run_dir)
     if not resume:
@@ -62,7 +72,7 @@ def check_run_dir(cfg: Config, run_dir: Path, resume: bool, overwrite: bool) -> 
         return None
     found = checkpoints.newest_manifest()
     if found is not None:
-        check_resumable(found, cfg)
+        check_resumable(found, cfg, cfg.train.micro_batch_size * cfg.train.grad_accum * dp)
     return found
 
 
@@ -75,7 +85,7 @@ def completed(run_dir: Path) -> bool:
 
 def preflight(cfg: Config, run_dir: Path, resume: bool = True, overwrite: bool = False) -> Plan:
     rank, dp = launched_as(cfg.parallel.tp, cfg.parallel.pp)
-    newest = check_run_dir(cfg, run_dir, resume, overwrite)
+    newest = check_run_dir(cfg, run_dir, resume, overwrite, dp)
     if newest is not None and newest.step >= cfg.train.steps and completed(run_dir):
         return Plan(rank, dp, newest, finished=True)
     load_tokenizer(cfg.data.tokenizer)

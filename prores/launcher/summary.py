@@ -17,6 +17,7 @@ class Summary:
     steps: int
     final_valid_loss: Optional[float]  # the last evaluation's
     unigram_entropy: float
+    parameters: int  # of the whole model, each counted once
     # tokens of the steps this process trained / train_seconds; None when it trained none (a resume
     # at the last step)
     tokens_per_sec: Optional[float]
@@ -24,6 +25,10 @@ class Summary:
     steady_tokens_per_sec: Optional[float]
     train_seconds: float  # wall time of this process's training loop, evaluations and checkpoints included
     diverged_at: Optional[int] = None  # the step whose loss or gradient norm was not finite
+    best_valid_loss: Optional[float] = None
+    best_valid_step: Optional[int] = None
+    config: str = "config.yaml"  # the resolved config, next to this file ...
+    config_sha256: Optional[str] = None  # ... and the hash of its text
     spikes: dict = field(default_factory=dict)  # per series: count, steps and score (prores.monitor.spikes)
 
     def write(self, run_dir: Path) -> None:

@@ -13,6 +13,7 @@ updates.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import statistics
@@ -23,11 +24,11 @@ from typing import Optional, Sequence
 import torch
 from megatron.core import parallel_state
 
-from prores.config import Config, dump_config
+from prores.config import Config, config_text, dump_config
 from prores.errors import UsageError
 from prores.data.sources import build_run_data
 from prores.data.tokenizers import load_tokenizer
-from prores.launcher.callbacks import (EXIT_DIVERGED, Callback, SaveCheckpoints, ShowProgress, StopOnSignal,
+from prores.launcher.callbacks import (BestValidation, Callback, SaveCheckpoints, ShowProgress, StopOnSignal,
                                       StopWhenNonFinite)
 from prores.launcher.checkpoint import Checkpoints, Found
 from prores.launcher.lr import LR_SCHEDULES
@@ -43,7 +44,7 @@ from prores.monitor.run_scalars import LogScalars
 from prores.monitor.spikes import SpikeScores
 from prores.monitor.tensorboard import RunWriter, mark_resume
 from prores.parallel import topology as topo_mod
-from prores.parallel.grad_norm import GlobalNormAdamW
+from prores.parallel.grad_norm import GlobalNormAdamW, count_parameters
 from prores.parallel.pipeline import build_pipeline, uniform_blocks
 from prores.parallel.zero_reshard import load_with_other_dp
 
@@ -102,7 +103,7 @@ def run_data(cfg: Config, run_dir: Path, tokenizer, dp_rank: int = 0, dp: int = 
 def default_callbacks(cfg: Config) -> list[Callback]:
     """In order: what logs a step comes before what may veto its checkpoint, which comes before the save."""
     return [LogScalars(), SpikeScores(cfg.monitor.spike_sigma, cfg.monitor.spike_window), LayerDiagnostics(),
-            Heatmaps(), ShowProgress(), StopWhenNonFinite(), SaveCheckpoints(), StopOnSignal()]
+            Heatmaps(), ShowProgress(), BestValidation(), StopWhenNonFinite(), SaveCheckpoints(), StopOnSignal()]
 
 
 class Trainer:
@@ -159,6 +160,8 @@ class Trainer:
             time.sleep(1.05)  # see mark_resume: the writers' files must sort after the marker
         self.writer = RunWriter(run_dir, self.topo.rank, self.topo.is_loss_writer, self.topo.is_stage_writer)
         self.last_eval: dict[str, float] = {}
+        self.parameters = count_parameters(list(self.module.parameters()), self.topo.tp_rank,
+                                           parallel_state.get_model_parallel_group())
 
     def _call_before_updates(self) -> None:
         """DeepSpeed's engine calls ``optimizer.step()`` between its gradient reduction and the update,
@@ -280,7 +283,7 @@ class Trainer:
         wall = time.perf_counter() - start
         summary = Summary(status=self.stop_status or "completed", steps=self.step,
                           final_valid_loss=self.last_eval.get("valid/loss"),
-                          unigram_entropy=self.data.unigram_entropy,
+                          unigram_entropy=self.data.unigram_entropy, parameters=self.parameters,
                           tokens_per_sec=len(rates) * self.tokens_per_step / wall if rates else None,
                           steady_tokens_per_sec=statistics.median(rates[len(rates) // 2:]) if rates else None,
                           train_seconds=wall)
@@ -304,7 +307,7 @@ def train(cfg: Config, run_dir: Path, resume: bool = True, overwrite: bool = Fal
     if plan.finished:
         if plan.rank == 0:
             print(f"run directory {run_dir} is finished (step {plan.newest.step}, train.steps={cfg.train.steps});"
-                  " its summary.json is left as it was. To train further, raise train.steps.")
+                  " its summary.json is left as it was. A longer run needs a new --run-dir.")
         return None
     run_dir.mkdir(parents=True, exist_ok=True)
     if plan.rank == 0:
@@ -314,6 +317,7 @@ def train(cfg: Config, run_dir: Path, resume: bool = True, overwrite: bool = Fal
         dump_config(cfg, run_dir / "config.yaml")
     summary = trainer.fit()
     if trainer.topo.is_loss_writer:
+        summary.config_sha256 = hashlib.sha256(config_text(cfg).encode()).hexdigest()
         summary.write(run_dir)
         if summary.status == "completed":
             print(f"final valid loss {summary.final_valid_loss:.4f} nats/token"

@@ -61,6 +61,13 @@ def grouped_sq_norms(groups: Sequence[Sequence[torch.nn.Parameter]], tensor_of: 
     return sq
 
 
+def count_parameters(params, tp_rank: int, model_parallel_group) -> int:
+    """Parameters of the whole model, from one data-parallel replica's shards and stages."""
+    total = torch.tensor(float(sum(p.numel() for p in params if counted(p, tp_rank))), dtype=torch.float64)
+    dist.all_reduce(total, group=model_parallel_group)
+    return int(total.item())
+
+
 def global_grad_norm(params, tp_rank: int, model_parallel_group) -> torch.Tensor:
     """Of data-parallel-reduced gradients (every DP rank holds them whole, as without ZeRO)."""
     return grouped_sq_norms([params], lambda p: p.grad, tp_rank, [model_parallel_group],
