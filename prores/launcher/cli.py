@@ -1,4 +1,4 @@
-"""The ``prores`` console script: ``prores train``, ``preprocess``, ``analyze`` and ``config``."""
+"""The ``prores`` console script: ``train``, ``preprocess``, ``sweep``, ``report``, ``analyze``, ``config``."""
 
 from __future__ import annotations
 
@@ -57,6 +57,48 @@ def _cmd_train(args) -> int:
     if summary is not None and summary.status == "diverged":
         _end_torchrun_agent()
         return EXIT_DIVERGED
+    return 0
+
+
+def _cmd_sweep(args) -> int:
+    from prores.study.runners import run_local, run_slurm
+    from prores.study.state import cell_state
+    from prores.study.sweep import expand, read_cells, write_cells
+
+    if args.target[0] == "status":
+        if len(args.target) != 2:
+            raise UsageError("usage: prores sweep status SWEEP_DIR")
+        sweep_dir = Path(args.target[1])
+        rows = [(c, cell_state(sweep_dir, c)) for c in read_cells(sweep_dir)]
+        width = max(len(c.name) for c, _ in rows)
+        print(f"{'cell':<{width}}  {'state':<9}  {'step':>7}  last loss")
+        for cell, st in rows:
+            print(f"{cell.name:<{width}}  {st.state:<9}  {'' if st.step is None else st.step:>7}  "
+                  f"{'' if st.loss is None else f'{st.loss:.4f}'}")
+        counts = {}
+        for _, st in rows:
+            counts[st.state] = counts.get(st.state, 0) + 1
+        print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+        return 0
+    if len(args.target) != 1:
+        raise UsageError("usage: prores sweep SPEC.yaml [--runner local|slurm] ... or prores sweep status SWEEP_DIR")
+    sweep_dir, cells = expand(args.target[0], args.root, processes=1 if args.runner == "local" else None)
+    cells_file = write_cells(sweep_dir, cells)
+    print(f"prores sweep: {len(cells)} cells in {sweep_dir} ({cells_file})", flush=True)
+    if args.runner == "slurm":
+        return run_slurm(sweep_dir, cells, cells_file, dry_run=args.dry_run)
+    if args.dry_run:
+        for cell in cells:
+            print(" ".join(["prores", "train", *cell.train_args()]))
+        return 0
+    return run_local(sweep_dir, cells, jobs=args.jobs)
+
+
+def _cmd_report(args) -> int:
+    from prores.study.report import report
+
+    out = report([Path(t) for t in args.targets], Path(args.out) if args.out else None)
+    print(f"wrote {out / 'report.md'}, {out / 'results.csv'} and the plots in {out}")
     return 0
 
 
@@ -123,6 +165,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--on-bad-line", choices=("skip", "fail"), default="skip",
                    help="a malformed jsonl line is reported and skipped (default) or stops the run")
     p.set_defaults(func=_cmd_preprocess)
+
+    p = sub.add_parser("sweep", help="run a sweep spec's cells, or `prores sweep status DIR`",
+                       description="prores sweep SPEC.yaml [--runner local|slurm]: every cell of the spec's grid"
+                                   " as its own `prores train`; prores sweep status SWEEP_DIR: a table of the cells.")
+    p.add_argument("target", nargs="+", metavar="SPEC.yaml | status SWEEP_DIR")
+    p.add_argument("--runner", choices=("local", "slurm"), default="local",
+                   help="local: on this machine, --jobs at a time (default); slurm: sbatch job arrays")
+    p.add_argument("--jobs", type=int, default=1, help="local runner: cells at a time (default 1)")
+    p.add_argument("--root", default="runs", help="the sweep directory is ROOT/<sweep name> (default: runs)")
+    p.add_argument("--dry-run", action="store_true", help="print what would run or be submitted, run nothing")
+    p.set_defaults(func=_cmd_sweep)
+
+    p = sub.add_parser("report", help="a sweep's (or run directories') results: report.md, results.csv, plots")
+    p.add_argument("targets", nargs="+", metavar="SWEEP_DIR | RUN_DIR...")
+    p.add_argument("--out", default=None, help="where to write (default: the sweep directory, or ./report)")
+    p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser("analyze", help="each layer's output over the kept checkpoints vs the final one (cosine)")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with checkpoints kept along the run")

@@ -1,0 +1,314 @@
+"""`prores report SWEEP_DIR` (or `prores report RUN_DIR...`): a sweep's results as a table and plots.
+
+Reads every run's ``summary.json``, ``config.yaml`` and event files and writes
+``report.md`` (a row per cell, seeds averaged with their spread), ``results.csv``
+(a row per run) and PNG plots linked from the report: final validation ppl
+against depth, validation loss curves per depth, the final per-layer
+activation RMS against layer index per depth (the paper's Fig. 3 view) and the
+alpha schedule used (layer × step). A run that diverged, failed or has not
+finished shows its state, never a number; a sweep still in progress reports
+what exists so far and says so. For plain run directories the "grid" is the
+config keys whose values differ between them.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import yaml
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from tensorboard.backend.event_processing import event_accumulator
+
+from prores.config import load_config
+from prores.errors import UsageError
+from prores.monitor.heatmaps import heatmap, png, series_matrix
+from prores.study.state import cell_state, summary_of
+from prores.study.sweep import read_cells
+
+DEPTH = "model.num_layers"
+SEED = "train.seed"
+
+
+@dataclass
+class Run:
+    name: str
+    run_dir: Path
+    grid: dict  # the values that tell this run from the others (seed apart)
+    seed: Optional[int]
+    state: str
+    config: dict = field(default_factory=dict)  # flat, resolved
+    summary: dict = field(default_factory=dict)
+    scalars: dict = field(default_factory=dict)  # tag -> {step: value}
+
+    @property
+    def completed(self) -> bool:
+        return self.state == "completed"
+
+    @property
+    def depth(self) -> int:
+        return self.config[DEPTH]
+
+    def last(self, prefix: str) -> dict[int, float]:
+        """The last logged value of each layer of a per-layer family."""
+        return {int(tag.rsplit("_", 1)[1]): values[max(values)] for tag, values in self.scalars.items()
+                if tag.startswith(prefix + "/layer_")}
+
+
+def _read_events(run_dir: Path) -> dict:
+    if not run_dir.is_dir():
+        return {}
+    acc = event_accumulator.EventAccumulator(str(run_dir), size_guidance={event_accumulator.SCALARS: 0})
+    acc.Reload()
+    wanted = [t for t in acc.Tags()["scalars"]
+              if t == "valid/loss" or t.startswith(("layers/act_rms/", "prores/alpha/"))]
+    return {t: {e.step: e.value for e in acc.Scalars(t)} for t in wanted}
+
+
+def _flat_config(run_dir: Path) -> dict:
+    path = run_dir / "config.yaml"
+    return load_config(path).flat() if path.is_file() else {}
+
+
+def collect(targets: list[Path]) -> tuple[list[Run], list[str], Optional[str]]:
+    """The runs, the grid keys (in order) and, for a sweep still running, what is missing."""
+    if len(targets) == 1 and (targets[0] / "cells.jsonl").is_file():
+        sweep_dir = targets[0]
+        cells = read_cells(sweep_dir)
+        keys = [k for k in cells[0].grid if k != SEED]
+        runs = []
+        for cell in cells:
+            run_dir = Path(cell.run_dir)
+            runs.append(Run(cell.name, run_dir, {k: cell.grid[k] for k in keys}, cell.grid.get(SEED),
+                            cell_state(sweep_dir, cell).state, _flat_config(run_dir), summary_of(run_dir) or {},
+                            _read_events(run_dir)))
+        unfinished = [r for r in runs if r.state not in ("completed", "diverged", "failed", "stopped")]
+        counts = {}
+        for r in runs:
+            counts[r.state] = counts.get(r.state, 0) + 1
+        note = None if not unfinished else (
+            f"**In progress**: {', '.join(f'{n} {s}' for s, n in sorted(counts.items()))} of {len(runs)} cells;"
+            " this report shows what exists so far.")
+        return runs, keys, note
+    missing = [str(t) for t in targets if not (t / "config.yaml").is_file()]
+    if missing:
+        raise UsageError(f"not run directories (no config.yaml): {', '.join(missing)}; give a sweep directory"
+                         " (with cells.jsonl) or run directories.")
+    configs = {t: _flat_config(t) for t in targets}
+    keys = [k for k in next(iter(configs.values())) if k != SEED
+            and len({yaml.safe_dump(c.get(k)) for c in configs.values()}) > 1]
+    runs = []
+    for t, config in configs.items():
+        summary = summary_of(t) or {}
+        runs.append(Run(t.name, t, {k: config[k] for k in keys}, config.get(SEED), summary.get("status", "unknown"),
+                        config, summary, _read_events(t)))
+    return runs, keys, None
+
+
+def _ppl(loss: Optional[float]) -> Optional[float]:
+    return None if loss is None else math.exp(min(loss, 50.0))
+
+
+def _mean_spread(values: list[float], digits: int = 4) -> str:
+    if not values:
+        return ""
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.fmean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def _state_text(runs: list[Run]) -> str:
+    parts = []
+    for state in sorted({r.state for r in runs}):
+        group = [r for r in runs if r.state == state]
+        at = [str(r.summary["diverged_at"]) for r in group if r.summary.get("diverged_at") is not None]
+        parts.append(f"{state} {len(group)}" + (f" (at step {', '.join(at)})" if at else ""))
+    return ", ".join(parts)
+
+
+def _groups(runs: list[Run], keys: list[str]) -> dict[tuple, list[Run]]:
+    groups: dict[tuple, list[Run]] = {}
+    for r in runs:
+        groups.setdefault(tuple(yaml.safe_dump(r.grid[k]) for k in keys), []).append(r)
+    return groups
+
+
+def table(runs: list[Run], keys: list[str]) -> list[list[str]]:
+    """Markdown rows: one per cell (seeds averaged over the completed ones)."""
+    head = keys + ["params", "steps", "final valid loss", "final ppl", "best valid loss", "best ppl",
+                   "loss spike score", "grad-norm spike score", "status", "tokens/s", "seeds"]
+    rows = [head]
+    for group in _groups(runs, keys).values():
+        done = [r for r in group if r.completed]
+        s = [r.summary for r in done]
+
+        def spread(values, digits=4):
+            return _mean_spread([v for v in values if v is not None], digits) if done else "—"
+
+        spikes = [x.get("spikes", {}) for x in s]
+        rows.append([str(group[0].grid[k]) for k in keys] + [
+            f"{group[0].summary['parameters']:,}" if group[0].summary.get("parameters") else "",
+            "/".join(sorted({str(r.summary.get("steps", "")) for r in group})),
+            spread([x["final_valid_loss"] for x in s]), spread([_ppl(x["final_valid_loss"]) for x in s], 2),
+            spread([x.get("best_valid_loss") for x in s]), spread([_ppl(x.get("best_valid_loss")) for x in s], 2),
+            spread([sp.get("train/loss", {}).get("score") for sp in spikes]),
+            spread([sp.get("train/grad_norm", {}).get("score") for sp in spikes]),
+            _state_text(group), spread([x.get("tokens_per_sec") for x in s], 0),
+            str(len(group))])
+    return rows
+
+
+CSV_FIELDS = ["name", "seed", "status", "diverged_at", "parameters", "steps", "final_valid_loss", "final_ppl",
+              "best_valid_loss", "best_valid_step", "best_ppl", "loss_spike_score", "grad_norm_spike_score",
+              "tokens_per_sec", "run_dir"]
+
+
+def csv_rows(runs: list[Run], keys: list[str]) -> list[dict]:
+    rows = []
+    for r in runs:
+        s = r.summary if r.completed else {}  # numbers only for completed runs
+        spikes = s.get("spikes", {})
+        rows.append({**{k: r.grid[k] for k in keys}, "name": r.name, "seed": r.seed, "status": r.state,
+                     "diverged_at": r.summary.get("diverged_at"), "parameters": r.summary.get("parameters"),
+                     "steps": r.summary.get("steps"), "final_valid_loss": s.get("final_valid_loss"),
+                     "final_ppl": _ppl(s.get("final_valid_loss")), "best_valid_loss": s.get("best_valid_loss"),
+                     "best_valid_step": s.get("best_valid_step"), "best_ppl": _ppl(s.get("best_valid_loss")),
+                     "loss_spike_score": spikes.get("train/loss", {}).get("score"),
+                     "grad_norm_spike_score": spikes.get("train/grad_norm", {}).get("score"),
+                     "tokens_per_sec": s.get("tokens_per_sec"), "run_dir": str(r.run_dir)})
+    return rows
+
+
+def _figure(panels: int) -> tuple[Figure, list]:
+    cols = min(panels, 3)
+    rows = -(-panels // cols)
+    fig = Figure(figsize=(4.2 * cols, 3.4 * rows), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig, [fig.add_subplot(rows, cols, i + 1) for i in range(panels)]
+
+
+def _label(grid: dict, skip: tuple = (DEPTH,)) -> str:
+    return ", ".join(f"{v}" for k, v in grid.items() if k not in skip) or "run"
+
+
+def plot_ppl_vs_depth(runs: list[Run], keys: list[str]) -> Figure:
+    fig, (ax,) = _figure(1)
+    lines: dict[str, dict[int, list[float]]] = {}
+    for r in runs:
+        line = lines.setdefault(_label(r.grid), {})
+        if r.completed:
+            line.setdefault(r.depth, []).append(_ppl(r.summary["final_valid_loss"]))
+    for label, points in sorted(lines.items()):
+        depths = sorted(points)
+        if depths:
+            means = [statistics.fmean(points[d]) for d in depths]
+            errors = [statistics.stdev(points[d]) if len(points[d]) > 1 else 0.0 for d in depths]
+            ax.errorbar(depths, means, yerr=errors, marker="o", capsize=3, label=label)
+    ax.set_xticks(sorted({r.depth for r in runs if r.config}))
+    failed = sorted({r.depth for r in runs if r.state in ("diverged", "failed")})
+    for depth in failed:
+        ax.axvline(depth, color="red", alpha=0.15)
+    ax.set_xlabel("depth (blocks)")
+    ax.set_ylabel("final validation ppl")
+    ax.set_title("final validation ppl" + (" (red: a cell diverged or failed)" if failed else ""))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def _by_depth(runs: list[Run]) -> dict[int, list[Run]]:
+    out: dict[int, list[Run]] = {}
+    for r in runs:
+        if r.config:
+            out.setdefault(r.depth, []).append(r)
+    return dict(sorted(out.items()))
+
+
+def plot_valid_curves(runs: list[Run]) -> Figure:
+    depths = _by_depth(runs)
+    fig, axes = _figure(len(depths))
+    for ax, (depth, group) in zip(axes, depths.items()):
+        for r in group:
+            curve = r.scalars.get("valid/loss", {})
+            if curve:
+                ax.plot(sorted(curve), [curve[s] for s in sorted(curve)], marker=".",
+                        label=f"{_label(r.grid)} s{r.seed}" + ("" if r.completed else f" ({r.state})"))
+        ax.set_title(f"{depth} blocks")
+        ax.set_xlabel("step")
+        ax.set_ylabel("validation loss")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+def plot_act_rms(runs: list[Run]) -> Figure:
+    depths = _by_depth(runs)
+    fig, axes = _figure(len(depths))
+    for ax, (depth, group) in zip(axes, depths.items()):
+        for r in group:
+            rms = r.last("layers/act_rms")
+            if rms:
+                ax.semilogy(sorted(rms), [rms[l] for l in sorted(rms)], marker=".",
+                            label=f"{_label(r.grid)} s{r.seed}" + ("" if r.completed else f" ({r.state})"))
+        ax.set_title(f"{depth} blocks: final activation RMS")
+        ax.set_xlabel("layer")
+        ax.set_ylabel("act RMS")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+def alpha_figures(runs: list[Run]) -> dict[str, Figure]:
+    """Per schedule, its alpha (layer × step) in the deepest run that logged one."""
+    figures = {}
+    for r in sorted(runs, key=lambda r: -r.depth if r.config else 0):
+        schedule = r.config.get("prores.schedule")
+        alpha = {tag: v for tag, v in r.scalars.items() if tag.startswith("prores/alpha/")}
+        if schedule in figures or schedule in (None, "none") or not alpha:
+            continue
+        series: dict[int, dict[int, float]] = {}
+        for tag, values in alpha.items():
+            for step, v in values.items():
+                series.setdefault(step, {})[int(tag.rsplit("_", 1)[1])] = v
+        matrix, steps = series_matrix(series, r.depth)
+        figures[schedule] = heatmap(matrix, steps, title=f"alpha, {schedule} (T={r.config['prores.T']}), {r.name}",
+                                    xlabel="step", label="alpha")
+    return figures
+
+
+def report(targets: list[Path], out_dir: Optional[Path] = None) -> Path:
+    targets = [Path(t) for t in targets]
+    runs, keys, note = collect(targets)
+    out_dir = Path(out_dir or (targets[0] if len(targets) == 1 and (targets[0] / "cells.jsonl").is_file()
+                               else "report"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = csv_rows(runs, keys)
+    with open(out_dir / "results.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=keys + CSV_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    plots = {"ppl_vs_depth.png": ("Final validation ppl against depth", plot_ppl_vs_depth(runs, keys)),
+             "valid_curves.png": ("Validation loss, one panel per depth", plot_valid_curves(runs)),
+             "act_rms_by_layer.png": ("Final activation RMS per layer (the paper's Fig. 3 view)", plot_act_rms(runs))}
+    for schedule, fig in alpha_figures(runs).items():
+        plots[f"alpha-{schedule}.png"] = (f"The alpha schedule used: {schedule}", fig)
+    for name, (_, fig) in plots.items():
+        (out_dir / name).write_bytes(png(fig))
+    lines = [f"# Report: {', '.join(str(t) for t in targets)}", ""]
+    if note:
+        lines += [note, ""]
+    body = table(runs, keys)
+    lines += ["| " + " | ".join(body[0]) + " |", "|" + " --- |" * len(body[0])]
+    lines += ["| " + " | ".join(row) + " |" for row in body[1:]]
+    lines += ["", "Losses, ppl and spike scores are means ± standard deviation over the completed seeds; a cell"
+              " without one shows its state instead. Per run: [results.csv](results.csv).", ""]
+    for name, (title, _) in plots.items():
+        lines += [f"## {title}", "", f"![{title}]({name})", ""]
+    (out_dir / "report.md").write_text("\n".join(lines))
+    return out_dir
+

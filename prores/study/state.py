@@ -1,0 +1,101 @@
+"""What a sweep's cells have done, from their run directories and the runners' start records.
+
+A runner records each start of a cell in ``<sweep>/state/<cell>.json`` (the host and the pid, or the
+Slurm job; the local runner adds the exit status). A cell's state:
+
+* ``completed``, ``stopped`` or ``diverged``: its ``summary.json`` says so;
+* ``running``: started and its process or Slurm job is alive;
+* ``failed``: started, gone, no summary, and (unless the runner saw it exit 0) no checkpoint to resume;
+* ``stopped`` too when it left checkpoints but no summary (killed: a re-run resumes it);
+* ``pending``: never started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from tensorboard.backend.event_processing import event_accumulator
+
+from prores.study.sweep import Cell
+
+FINAL = ("completed", "diverged")  # a re-run skips these
+
+
+def record_path(sweep_dir: Path, cell: Cell) -> Path:
+    return Path(sweep_dir) / "state" / f"{cell.name}.json"
+
+
+def record_start(sweep_dir: Path, cell: Cell, **where) -> None:
+    path = record_path(sweep_dir, cell)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"host": socket.gethostname(), "returncode": None, **where}))
+
+
+def record_exit(sweep_dir: Path, cell: Cell, returncode: int) -> None:
+    path = record_path(sweep_dir, cell)
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"returncode": returncode}))
+
+
+def _alive(record: dict) -> bool:
+    if "job" in record:
+        if not shutil.which("squeue"):
+            return True  # cannot tell: assume the job is queued or running
+        out = subprocess.run(["squeue", "-h", "-j", record["job"]], capture_output=True, text=True)
+        return bool(out.stdout.strip())
+    if record["host"] != socket.gethostname():
+        return True  # another machine's process: cannot tell
+    try:
+        os.kill(record["pid"], 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def summary_of(run_dir: Path) -> Optional[dict]:
+    try:
+        return json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass
+class CellState:
+    state: str
+    step: Optional[int] = None
+    loss: Optional[float] = None
+
+
+def last_loss(run_dir: Path) -> tuple[Optional[int], Optional[float]]:
+    if not Path(run_dir).is_dir():
+        return None, None
+    acc = event_accumulator.EventAccumulator(str(run_dir), size_guidance={event_accumulator.SCALARS: 0})
+    acc.Reload()
+    if "train/loss" not in acc.Tags()["scalars"]:
+        return None, None
+    last = acc.Scalars("train/loss")[-1]
+    return last.step + 1, last.value  # the loss at TensorBoard step t is that of step t + 1's update
+
+
+def cell_state(sweep_dir: Path, cell: Cell) -> CellState:
+    run_dir = Path(cell.run_dir)
+    step, loss = last_loss(run_dir)
+    summary = summary_of(run_dir)
+    if summary is not None:
+        return CellState(summary["status"], summary["steps"], loss)
+    try:
+        record = json.loads(record_path(sweep_dir, cell).read_text())
+    except (OSError, ValueError):
+        return CellState("pending", step, loss)
+    if record["returncode"] is None and _alive(record):
+        return CellState("running", step, loss)
+    resumable = any((run_dir / "checkpoints").glob("global_step*")) if run_dir.is_dir() else False
+    return CellState("stopped" if resumable and record["returncode"] in (None, 0) else "failed", step, loss)

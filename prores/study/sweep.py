@@ -1,0 +1,178 @@
+"""Sweep specs: a YAML file that names a grid of runs ("cells"), each one `prores train`.
+
+```yaml
+name: cpu-demo                # default: the spec file's name
+base: tiny.yaml               # a config file or a packaged name
+set: {train.steps: 300}       # fixed overrides
+grid:                         # the product of the lists is the set of cells
+  model.num_layers: [6, 12, 24]
+  prores.schedule: [linear, none]
+seeds: [1, 2]                 # each cell once per seed (train.seed)
+where:                        # overrides (and Slurm resources) for the cells that match
+  - when: {model.num_layers: [96, 120]}    # a value, or a list of values
+    set: {prores.T: 500, parallel.pp: 4}
+    slurm: {nodes: 2}
+slurm: {nodes: 1, ntasks_per_node: 8, gpus_per_node: 8, cpus_per_task: 8, time: "24:00:00"}
+```
+
+Every cell is validated as `prores train` would validate it before anything
+runs; a bad cell is one error naming it. A cell's run directory is
+``<root>/<name>/<cell>``, its name made of the grid values
+(``L048-post-linear-s1``). The resolved cells go to ``<root>/<name>/cells.jsonl``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from prores.config import PACKAGED_CONFIGS, load_config
+from prores.errors import UsageError
+from prores.parallel.topology import check_divisible
+
+SPEC_KEYS = ("name", "base", "set", "grid", "seeds", "where", "slurm")
+SLURM_KEYS = {"nodes": 1, "ntasks_per_node": 8, "gpus_per_node": 8, "cpus_per_task": 8, "time": "24:00:00",
+              "partition": None, "extra": []}
+# short labels for numeric grid values in cell names; other keys use their last part
+LABELS = {"model.num_layers": "L", "model.hidden_size": "H", "model.ffn_hidden_size": "F", "prores.T": "T",
+          "optim.lr": "lr", "train.steps": "steps", "train.seed": "s"}
+PACKAGED_SWEEPS = PACKAGED_CONFIGS / "sweeps"
+
+
+class SpecError(UsageError):
+    """A bad sweep spec; the message names the spec, the entry and the fix."""
+
+
+@dataclass
+class Cell:
+    index: int
+    name: str
+    run_dir: str
+    base: str
+    overrides: list[str]  # KEY=VALUE, as `prores train --set` takes them
+    grid: dict[str, Any]  # the grid values (and the seed) that make this cell
+    slurm: dict[str, Any] = field(default_factory=dict)
+
+    def train_args(self) -> list[str]:
+        return [self.base, *[a for o in self.overrides for a in ("--set", o)], "--run-dir", self.run_dir]
+
+
+def _value_text(value) -> str:
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...").strip()
+
+
+def _token(key: str, value) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        text = str(value)
+    elif key == "model.num_layers":
+        text = f"L{value:03d}"
+    else:
+        text = f"{LABELS.get(key, key.rsplit('.', 1)[-1])}{value:g}"
+    return re.sub(r"[^A-Za-z0-9._+]+", "_", text)
+
+
+def _matches(when: dict, values: dict) -> bool:
+    return all(values.get(k) in (v if isinstance(v, list) else [v]) for k, v in when.items())
+
+
+def _read(path: Path) -> dict:
+    try:
+        spec = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML ({exc}).") from None
+    if not isinstance(spec, dict):
+        raise SpecError(f"{path}: a sweep spec is a mapping with {', '.join(SPEC_KEYS)}.")
+    unknown = sorted(set(spec) - set(SPEC_KEYS))
+    if unknown:
+        raise SpecError(f"{path}: unknown entr{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)};"
+                        f" a sweep spec has {', '.join(SPEC_KEYS)}.")
+    if "base" not in spec:
+        raise SpecError(f"{path}: 'base' is missing: the config every cell starts from (a file or a packaged name).")
+    for entry in ("set", "grid", "slurm"):
+        if not isinstance(spec.get(entry) or {}, dict):
+            raise SpecError(f"{path}: '{entry}' must be a mapping of KEY: VALUE.")
+    for key, values in (spec.get("grid") or {}).items():
+        if not isinstance(values, list) or not values:
+            raise SpecError(f"{path}: grid entry {key!r} must be a non-empty list of values, got {values!r}.")
+    seeds = spec.get("seeds")
+    if seeds is not None and (not isinstance(seeds, list) or not seeds or
+                              not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
+        raise SpecError(f"{path}: 'seeds' must be a non-empty list of integers, got {seeds!r}.")
+    where = spec.get("where") or []
+    if not isinstance(where, list) or not all(isinstance(r, dict) and isinstance(r.get("when"), dict)
+                                              and set(r) <= {"when", "set", "slurm"} for r in where):
+        raise SpecError(f"{path}: 'where' is a list of rules, each {{when: {{KEY: VALUE or [VALUES]}},"
+                        " set: {...}, slurm: {...}}.")
+    for resources in [spec.get("slurm") or {}] + [r.get("slurm") or {} for r in where]:
+        unknown = sorted(set(resources) - set(SLURM_KEYS))
+        if unknown:
+            raise SpecError(f"{path}: unknown Slurm resource {', '.join(unknown)}; known: {', '.join(SLURM_KEYS)}.")
+    return spec
+
+
+def spec_path(spec: str) -> Path:
+    path = Path(spec)
+    if not path.is_file() and (PACKAGED_SWEEPS / spec).is_file():
+        path = PACKAGED_SWEEPS / spec
+    if not path.is_file():
+        raise SpecError(f"sweep spec '{spec}' does not exist; packaged sweeps live in {PACKAGED_SWEEPS}.")
+    return path
+
+
+def expand(spec_file: str, root: str = "runs", processes: Optional[int] = None) -> tuple[Path, list[Cell]]:
+    """The sweep's directory and its validated cells. ``processes``: the world size each cell gets (the
+    local runner: 1), checked against the cell's tp × pp; None: taken from its Slurm resources."""
+    path = spec_path(spec_file)
+    spec = _read(path)
+    name = spec.get("name") or path.stem
+    sweep_dir = Path(root) / name
+    grid = spec.get("grid") or {}
+    seeds = spec.get("seeds")
+    keys = list(grid) + (["train.seed"] if seeds else [])
+    cells = []
+    for index, combo in enumerate(itertools.product(*grid.values(), *([seeds] if seeds else []))):
+        values = dict(zip(keys, combo))
+        settings = dict(spec.get("set") or {}) | values
+        slurm = SLURM_KEYS | (spec.get("slurm") or {})
+        for rule in spec.get("where") or []:
+            if _matches(rule["when"], values):
+                settings |= rule.get("set") or {}
+                slurm |= rule.get("slurm") or {}
+        cell_name = "-".join(_token(k, v) for k, v in values.items()) or "cell"
+        overrides = [f"{k}={_value_text(v)}" for k, v in settings.items()]
+        cell = Cell(index, cell_name, str(sweep_dir / cell_name), str(spec["base"]), overrides, values, slurm)
+        try:
+            cfg = load_config(cell.base, tuple(overrides))
+            check_divisible(processes or slurm["nodes"] * slurm["ntasks_per_node"], cfg.parallel.tp, cfg.parallel.pp)
+        except UsageError as exc:
+            raise SpecError(f"{path}: cell {cell_name} ({', '.join(overrides)}): {exc}") from None
+        cells.append(cell)
+    names = [c.name for c in cells]
+    clashes = sorted({n for n in names if names.count(n) > 1})
+    if clashes:
+        raise SpecError(f"{path}: cells would share the run directories {', '.join(clashes)}; give the grid values"
+                        " that differ only in punctuation distinct names.")
+    return sweep_dir, cells
+
+
+def write_cells(sweep_dir: Path, cells: list[Cell]) -> Path:
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    path = sweep_dir / "cells.jsonl"
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(asdict(c)) + "\n" for c in cells))
+    tmp.replace(path)
+    return path
+
+
+def read_cells(sweep_dir: Path) -> list[Cell]:
+    path = Path(sweep_dir) / "cells.jsonl"
+    if not path.is_file():
+        raise UsageError(f"{sweep_dir} is not a sweep directory (no cells.jsonl); `prores sweep SPEC` writes one.")
+    return [Cell(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+
