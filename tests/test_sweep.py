@@ -1,0 +1,276 @@
+"""`prores sweep` and `prores report`: specs, cell names, the local and Slurm runners, status, the report."""
+
+import csv
+import json
+import math
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from PIL import Image
+from tensorboard.backend.event_processing import event_accumulator
+
+from conftest import NO_SLURM, child_env, cli_command, need, run_cli, slurm_available
+from prores.errors import UsageError
+from prores.study.runners import sbatch_commands
+from prores.study.sweep import SpecError, expand, read_cells
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = {"model.seq_length": 32, "train.micro_batch_size": 4, "data.eval_samples": 8, "kernels.backend": "eager",
+        "train.steps": 6, "train.eval_interval": 3, "train.log_interval": 1, "logging.stats_interval": 2}
+
+
+def spec(tmp_path, name="s", **entries) -> str:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"base": "tiny.yaml", "set": TINY} | entries, sort_keys=False))
+    return str(path)
+
+
+# ------------------------------------------------------------------ specs and cells
+
+
+def test_cells_are_the_grid_product_named_by_their_values(tmp_path):
+    sweep_dir, cells = expand(spec(tmp_path, grid={"model.num_layers": [48, 6], "model.norm_layout": ["post", "pre"],
+                                                   "optim.lr": [1.0e-3]}, seeds=[1, 2]), root=str(tmp_path / "runs"))
+    assert sweep_dir == tmp_path / "runs" / "s"
+    assert [c.name for c in cells[:3]] == ["L048-post-lr0.001-s1", "L048-post-lr0.001-s2", "L048-pre-lr0.001-s1"]
+    assert len(cells) == 8 and len({c.name for c in cells}) == 8 and [c.index for c in cells] == list(range(8))
+    first = cells[0]
+    assert first.run_dir == str(sweep_dir / first.name)
+    assert first.grid == {"model.num_layers": 48, "model.norm_layout": "post", "optim.lr": 1.0e-3, "train.seed": 1}
+    assert first.train_args()[:1] == ["tiny.yaml"] and "model.num_layers=48" in first.overrides
+    assert "train.seed=1" in first.overrides and first.train_args()[-2:] == ["--run-dir", first.run_dir]
+    again = expand(spec(tmp_path, grid={"model.num_layers": [48, 6], "model.norm_layout": ["post", "pre"],
+                                        "optim.lr": [1.0e-3]}, seeds=[1, 2]), root=str(tmp_path / "runs"))[1]
+    assert again == cells  # stable
+
+
+def test_where_rules_set_keys_and_slurm_resources_per_cell(tmp_path):
+    _, cells = expand(spec(tmp_path, grid={"model.num_layers": [12, 96]},
+                           where=[{"when": {"model.num_layers": [96, 120]}, "set": {"prores.T": 500},
+                                   "slurm": {"nodes": 2}}],
+                           slurm={"ntasks_per_node": 4, "gpus_per_node": 4}))
+    shallow, deep = cells
+    assert "prores.T=500" in deep.overrides and not any(o.startswith("prores.T=") for o in shallow.overrides)
+    assert (shallow.slurm["nodes"], deep.slurm["nodes"]) == (1, 2)
+    assert shallow.slurm["ntasks_per_node"] == deep.slurm["ntasks_per_node"] == 4
+
+
+def test_one_sbatch_array_per_resource_group(tmp_path):
+    sweep_dir, cells = expand(spec(tmp_path, grid={"model.num_layers": [12, 96, 24]},
+                                   where=[{"when": {"model.num_layers": 96}, "slurm": {"nodes": 2, "time": "48:00:00"}}]))
+    commands = sbatch_commands(sweep_dir, cells, sweep_dir / "cells.jsonl")
+    assert [c[2] for c in commands] == ["--array=0,2", "--array=1"]
+    assert "--nodes=2" in commands[1] and "--time=48:00:00" in commands[1] and "--nodes=1" in commands[0]
+    assert all(c[-2].endswith("slurm/sweep.sbatch") for c in commands)
+
+
+@pytest.mark.parametrize("entries,message", [
+    ({"grid": {"model.num_layers": 12}}, "grid entry 'model.num_layers' must be a non-empty list"),
+    ({"gird": {}}, "unknown entry gird"),
+    ({"seeds": [1, "x"]}, "'seeds' must be a non-empty list of integers"),
+    ({"where": [{"set": {}}]}, "'where' is a list of rules"),
+    ({"slurm": {"gpus": 8}}, "unknown Slurm resource gpus"),
+    ({"grid": {"model.num_heads": [4, 3]}},
+     "cell num_heads3 (model.seq_length=32, ") ,
+    ({"grid": {"parallel.tp": [1, 2]}}, "cell tp2 ("),
+])
+def test_a_bad_spec_or_cell_is_one_error_and_nothing_starts(tmp_path, entries, message):
+    path = spec(tmp_path, **entries)
+    with pytest.raises(SpecError, match=None) as err:
+        expand(path, root=str(tmp_path / "runs"), processes=1)
+    assert message in str(err.value) and path in str(err.value)
+    proc = run_cli("sweep", path, "--root", str(tmp_path / "runs"), timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and message in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_bad_cell_names_the_config_problem(tmp_path):
+    with pytest.raises(SpecError, match=r"cell num_heads3 .*model.hidden_size=128 is not divisible by model.num_heads=3"):
+        expand(spec(tmp_path, grid={"model.num_heads": [4, 3]}), processes=1)
+    with pytest.raises(SpecError, match=r"cell tp2 .*world size 1 is not divisible by parallel.tp × parallel.pp"):
+        expand(spec(tmp_path, grid={"parallel.tp": [1, 2]}), processes=1)
+
+
+def test_a_missing_spec_or_sweep_directory_is_a_clear_error(tmp_path):
+    with pytest.raises(SpecError, match="sweep spec 'nope.yaml' does not exist"):
+        expand("nope.yaml")
+    with pytest.raises(UsageError, match="is not a sweep directory"):
+        read_cells(tmp_path)
+
+
+def test_the_packaged_paper_grid(tmp_path):
+    _, cells = expand("paper-depth.yaml", root=str(tmp_path))
+    assert len(cells) == 6 * 5 * 2
+    depths = {c.grid["model.num_layers"] for c in cells}
+    assert depths == {12, 24, 48, 72, 96, 120}
+    for c in cells:
+        deep = c.grid["model.num_layers"] >= 96
+        assert ("prores.T=500" in c.overrides) == deep
+        assert ("model.init=deepnorm" in c.overrides) == (c.grid["model.norm_layout"] == "deepnorm")
+        assert c.slurm["gpus_per_node"] == 8 and c.slurm["ntasks_per_node"] == 8
+
+
+# ------------------------------------------------------------------ the local runner, status and report
+
+
+def sweep_cli(*args, **kwargs):
+    return run_cli("sweep", *args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def local_sweep(tmp_path_factory):
+    """Four cells, two at a time; one diverges on purpose (a learning rate that overflows the weights)."""
+    tmp = tmp_path_factory.mktemp("local")
+    path = spec(tmp, "four", grid={"model.num_layers": [2, 3], "prores.schedule": ["linear", "none"]}, seeds=[1],
+                where=[{"when": {"model.num_layers": 3, "prores.schedule": "none"}, "set": {"optim.lr": 1.0e30}}])
+    proc = sweep_cli(path, "--root", str(tmp / "runs"), "--jobs", "2")
+    return tmp, path, tmp / "runs" / "four", proc
+
+
+def test_the_local_runner_runs_every_cell(local_sweep):
+    _, _, sweep_dir, proc = local_sweep
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]  # a divergence is a result
+    assert "prores sweep: 3 completed, 1 diverged" in proc.stdout
+    cells = read_cells(sweep_dir)
+    assert [c.name for c in cells] == ["L002-linear-s1", "L002-none-s1", "L003-linear-s1", "L003-none-s1"]
+    for c in cells:
+        status = json.loads((Path(c.run_dir) / "summary.json").read_text())["status"]
+        assert status == ("diverged" if c.name == "L003-none-s1" else "completed")
+        assert (sweep_dir / "logs" / f"{c.name}.log").is_file()
+
+
+def test_status_lists_every_cell_with_its_state_step_and_loss(local_sweep):
+    _, _, sweep_dir, _ = local_sweep
+    proc = sweep_cli("status", str(sweep_dir), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()[1:-1]}
+    assert rows["L002-linear-s1"][:2] == ["completed", "6"] and rows["L003-none-s1"][0] == "diverged"
+    acc = event_accumulator.EventAccumulator(str(sweep_dir / "L002-none-s1"))
+    acc.Reload()
+    assert float(rows["L002-none-s1"][2]) == pytest.approx(acc.Scalars("train/loss")[-1].value, abs=5e-5)
+    assert proc.stdout.splitlines()[-1] == "3 completed, 1 diverged"
+
+
+def test_a_rerun_skips_finished_cells(local_sweep):
+    _, path, sweep_dir, _ = local_sweep
+    proc = sweep_cli(path, "--root", str(sweep_dir.parent))
+    assert proc.returncode == 0 and "4 of 4 cells finished already; skipping them" in proc.stdout
+    assert "prores sweep: nothing to run" in proc.stdout
+
+
+def events(run_dir) -> dict:
+    acc = event_accumulator.EventAccumulator(str(run_dir), size_guidance={event_accumulator.SCALARS: 0})
+    acc.Reload()
+    return {t: {e.step: e.value for e in acc.Scalars(t)} for t in acc.Tags()["scalars"]}
+
+
+def test_the_report_agrees_with_the_event_files(local_sweep):
+    _, _, sweep_dir, _ = local_sweep
+    proc = run_cli("report", str(sweep_dir), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["name"]: r for r in csv.DictReader(open(sweep_dir / "results.csv"))}
+    assert sorted(rows) == [c.name for c in read_cells(sweep_dir)]
+    for name, row in rows.items():
+        if row["status"] == "diverged":
+            assert row["final_valid_loss"] == row["best_valid_loss"] == row["final_ppl"] == ""  # never a number
+            assert row["diverged_at"] == "1"
+            continue
+        valid = events(sweep_dir / name)["valid/loss"]
+        assert float(row["final_valid_loss"]) == pytest.approx(valid[max(valid)], rel=1e-6)
+        best = min(valid, key=valid.get)
+        assert (int(row["best_valid_step"]), float(row["best_valid_loss"])) == (best, pytest.approx(valid[best]))
+        assert float(row["final_ppl"]) == pytest.approx(math.exp(valid[max(valid)]), rel=1e-6)
+        assert row["model.num_layers"] == name[3] and row["prores.schedule"] == name.split("-")[1]
+    report = (sweep_dir / "report.md").read_text()
+    assert "In progress" not in report
+    table = [line for line in report.splitlines() if line.startswith("| 3 | none |")]
+    assert len(table) == 1 and "| — | — |" in table[0] and "diverged 1 (at step 1)" in table[0]
+    one = [line for line in report.splitlines() if line.startswith("| 2 | linear |")][0]
+    assert f"| {float(rows['L002-linear-s1']['final_valid_loss']):.4f} |" in one
+    for image in ("ppl_vs_depth.png", "valid_curves.png", "act_rms_by_layer.png", "alpha-linear.png"):
+        assert f"]({image})" in report
+        picture = Image.open(sweep_dir / image)
+        picture.verify()
+        assert picture.format == "PNG" and min(picture.size) > 200
+
+
+def test_seeds_are_averaged_with_their_spread_and_plain_run_directories_work(local_sweep, tmp_path):
+    """Two "seeds" of one cell from plain run directories: the table shows mean ± sample std."""
+    _, _, sweep_dir, _ = local_sweep
+    a, b = sweep_dir / "L002-linear-s1", sweep_dir / "L002-none-s1"
+    proc = run_cli("report", str(a), str(b), "--out", str(tmp_path / "r"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = list(csv.DictReader(open(tmp_path / "r" / "results.csv")))
+    assert [r["prores.schedule"] for r in rows] == ["linear", "none"]  # the keys that differ are the grid
+    assert "model.num_layers" not in rows[0]
+
+
+def test_a_sweep_in_progress_says_so(local_sweep, tmp_path):
+    tmp, path, sweep_dir, _ = local_sweep
+    bigger = spec(tmp, "four", grid={"model.num_layers": [2, 3, 4], "prores.schedule": ["linear", "none"]}, seeds=[1],
+                  where=[{"when": {"model.num_layers": 3, "prores.schedule": "none"}, "set": {"optim.lr": 1.0e30}}])
+    proc = sweep_cli(bigger, "--root", str(sweep_dir.parent), "--dry-run")  # writes cells.jsonl, runs nothing
+    assert proc.returncode == 0
+    report = run_cli("report", str(sweep_dir), "--out", str(tmp_path), timeout=300)
+    assert report.returncode == 0, report.stderr[-2000:]
+    text = (tmp_path / "report.md").read_text()
+    assert "**In progress**: 3 completed, 1 diverged, 2 pending of 6 cells" in text
+    assert "| 4 | linear |" in text and "pending 1" in text
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_cells_cleanly_and_a_rerun_resumes_them(tmp_path):
+    path = spec(tmp_path, "slow", grid={"model.num_layers": [2]}, seeds=[1, 2],
+                set=TINY | {"train.steps": 400, "checkpoint.interval": 5})
+    sweep_dir = tmp_path / "runs" / "slow"
+    runner = subprocess.Popen(cli_command("sweep", path, "--root", str(tmp_path / "runs")), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=child_env())
+    first = sweep_dir / "L002-s1" / "checkpoints" / "global_step5" / "manifest.json"
+    deadline = time.monotonic() + 300
+    while not first.exists():
+        assert runner.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    runner.send_signal(signal.SIGINT)  # what a terminal's Ctrl-C sends the runner (the cells have their own session)
+    out, _ = runner.communicate(timeout=300)
+    assert runner.returncode == 130, out
+    assert "run the same command again to resume" in out
+    status = sweep_cli("status", str(sweep_dir)).stdout
+    assert "L002-s1  stopped" in status and "L002-s2  pending" in status
+    summary = json.loads((sweep_dir / "L002-s1" / "summary.json").read_text())
+    assert summary["status"] == "stopped" and 5 <= summary["steps"] < 400
+    rerun = sweep_cli(path, "--root", str(tmp_path / "runs"), "--jobs", "2")
+    assert rerun.returncode == 0 and "prores sweep: 2 completed" in rerun.stdout, rerun.stdout[-3000:]
+    assert f"resuming from step {summary['steps']}" in (sweep_dir / "logs" / "L002-s1.log").read_text()
+
+
+# ------------------------------------------------------------------ the Slurm runner, on the real Slurm
+
+
+@pytest.mark.slow
+def test_a_four_cell_sweep_runs_as_a_slurm_array(tmp_path):
+    need(slurm_available(), NO_SLURM)
+    path = spec(tmp_path, "array", grid={"model.num_layers": [2, 3], "prores.schedule": ["linear", "none"]},
+                slurm={"nodes": 1, "ntasks_per_node": 1, "gpus_per_node": 0, "cpus_per_task": 1, "time": "00:20:00"})
+    sweep_dir = tmp_path / "runs" / "array"
+    dry = sweep_cli(path, "--root", str(tmp_path / "runs"), "--runner", "slurm", "--dry-run")
+    assert dry.returncode == 0 and dry.stdout.count("sbatch --parsable --array=0,1,2,3 ") == 1
+    proc = sweep_cli(path, "--root", str(tmp_path / "runs"), "--runner", "slurm", cwd=tmp_path)
+    assert proc.returncode == 0 and "submitted job" in proc.stdout, proc.stderr[-3000:]
+    job = proc.stdout.split("submitted job ")[1].split()[0]
+    try:
+        deadline = time.monotonic() + 900
+        while subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip():
+            assert time.monotonic() < deadline, "the array did not finish"
+            time.sleep(1)
+    finally:
+        subprocess.run(["scancel", job])
+    status = sweep_cli("status", str(sweep_dir)).stdout
+    assert status.splitlines()[-1] == "4 completed", status + "".join(
+        p.read_text()[-2000:] for p in (sweep_dir / "logs").glob("*.out"))
+    assert all(json.loads((sweep_dir / c.name / "summary.json").read_text())["steps"] == 6 for c in read_cells(sweep_dir))
+    assert len(list((sweep_dir / "logs").glob("prores-array-*_*.out"))) == 4
