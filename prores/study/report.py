@@ -229,38 +229,34 @@ def _by_depth(runs: list[Run]) -> dict[int, list[Run]]:
     return dict(sorted(out.items()))
 
 
-def plot_valid_curves(runs: list[Run]) -> Figure:
+def _panels_per_depth(runs: list[Run], series, title: str, xlabel: str, ylabel: str, log: bool = False) -> Figure:
+    """A panel per depth, a line per run: ``series(run)`` is ``{x: y}``."""
     depths = _by_depth(runs)
     fig, axes = _figure(len(depths))
     for ax, (depth, group) in zip(axes, depths.items()):
         for r in group:
-            curve = r.scalars.get("valid/loss", {})
-            if curve:
-                ax.plot(sorted(curve), [curve[s] for s in sorted(curve)], marker=".",
-                        label=f"{_label(r.grid)} s{r.seed}" + ("" if r.completed else f" ({r.state})"))
-        ax.set_title(f"{depth} blocks")
-        ax.set_xlabel("step")
-        ax.set_ylabel("validation loss")
+            points = series(r)
+            if points:
+                xs = sorted(points)
+                (ax.semilogy if log else ax.plot)(xs, [points[x] for x in xs], marker=".",
+                                                  label=f"{_label(r.grid)} s{r.seed}"
+                                                  + ("" if r.completed else f" ({r.state})"))
+        ax.set_title(title.format(depth=depth))
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
         ax.legend(fontsize=6)
     fig.tight_layout()
     return fig
+
+
+def plot_valid_curves(runs: list[Run]) -> Figure:
+    return _panels_per_depth(runs, lambda r: r.scalars.get("valid/loss", {}), "{depth} blocks", "step",
+                             "validation loss")
 
 
 def plot_act_rms(runs: list[Run]) -> Figure:
-    depths = _by_depth(runs)
-    fig, axes = _figure(len(depths))
-    for ax, (depth, group) in zip(axes, depths.items()):
-        for r in group:
-            rms = r.last("layers/act_rms")
-            if rms:
-                ax.semilogy(sorted(rms), [rms[l] for l in sorted(rms)], marker=".",
-                            label=f"{_label(r.grid)} s{r.seed}" + ("" if r.completed else f" ({r.state})"))
-        ax.set_title(f"{depth} blocks: final activation RMS")
-        ax.set_xlabel("layer")
-        ax.set_ylabel("act RMS")
-        ax.legend(fontsize=6)
-    fig.tight_layout()
-    return fig
+    return _panels_per_depth(runs, lambda r: r.last("layers/act_rms"), "{depth} blocks: final activation RMS",
+                             "layer", "act RMS", log=True)
 
 
 def alpha_figures(runs: list[Run]) -> dict[str, Figure]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import prores
 from prores.errors import UsageError
-from prores.study.state import FINAL, cell_state, record_exit, record_start, summary_of
+from prores.study.state import cell_state, finished, record_exit, record_start, summary_of
 from prores.study.sweep import Cell
 
 SLURM_DIR = Path(prores.__file__).resolve().parents[1] / "slurm"  # slurm/ of the checkout prores runs from
@@ -66,7 +66,7 @@ class _Progress:
 
 def run_local(sweep_dir: Path, cells: list[Cell], jobs: int = 1) -> int:
     """0 when no cell failed (a diverged cell is a result, not a failure)."""
-    todo = [c for c in cells if cell_state(sweep_dir, c).state not in FINAL]
+    todo = [c for c in cells if not finished(c)]
     if len(todo) < len(cells):
         print(f"prores sweep: {len(cells) - len(todo)} of {len(cells)} cells finished already; skipping them",
               flush=True)
@@ -144,7 +144,7 @@ def sbatch_commands(sweep_dir: Path, cells: list[Cell], cells_file: Path) -> lis
 
 
 def run_slurm(sweep_dir: Path, cells: list[Cell], cells_file: Path, dry_run: bool = False) -> int:
-    todo = [c for c in cells if cell_state(sweep_dir, c).state not in FINAL + ("running",)]
+    todo = [c for c in cells if not finished(c) and cell_state(sweep_dir, c).state != "running"]
     if not todo:
         print("prores sweep: every cell is finished or running; nothing to submit")
         return 0

@@ -67,6 +67,11 @@ def summary_of(run_dir: Path) -> Optional[dict]:
         return None
 
 
+def finished(cell: Cell) -> bool:
+    """Completed or diverged: a re-run skips it."""
+    return (summary_of(Path(cell.run_dir)) or {}).get("status") in FINAL
+
+
 @dataclass
 class CellState:
     state: str
