@@ -62,23 +62,13 @@ def _cmd_train(args) -> int:
 
 def _cmd_sweep(args) -> int:
     from prores.study.runners import run_local, run_slurm
-    from prores.study.state import cell_state
-    from prores.study.sweep import expand, read_cells, write_cells
+    from prores.study.state import status_table
+    from prores.study.sweep import expand, write_cells
 
     if args.target[0] == "status":
         if len(args.target) != 2:
             raise UsageError("usage: prores sweep status SWEEP_DIR")
-        sweep_dir = Path(args.target[1])
-        rows = [(c, cell_state(sweep_dir, c)) for c in read_cells(sweep_dir)]
-        width = max(len(c.name) for c, _ in rows)
-        print(f"{'cell':<{width}}  {'state':<9}  {'step':>7}  last loss")
-        for cell, st in rows:
-            print(f"{cell.name:<{width}}  {st.state:<9}  {'' if st.step is None else st.step:>7}  "
-                  f"{'' if st.loss is None else f'{st.loss:.4f}'}")
-        counts = {}
-        for _, st in rows:
-            counts[st.state] = counts.get(st.state, 0) + 1
-        print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+        print(status_table(Path(args.target[1])))
         return 0
     if len(args.target) != 1:
         raise UsageError("usage: prores sweep SPEC.yaml [--runner local|slurm] ... or prores sweep status SWEEP_DIR")

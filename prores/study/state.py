@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 import shutil
 import socket
 import subprocess
@@ -23,7 +24,7 @@ from typing import Optional
 
 from tensorboard.backend.event_processing import event_accumulator
 
-from prores.study.sweep import Cell
+from prores.study.sweep import Cell, read_cells
 
 FINAL = ("completed", "diverged")  # a re-run skips these
 
@@ -104,3 +105,15 @@ def cell_state(sweep_dir: Path, cell: Cell) -> CellState:
         return CellState("running", step, loss)
     resumable = any((run_dir / "checkpoints").glob("global_step*")) if run_dir.is_dir() else False
     return CellState("stopped" if resumable and record["returncode"] in (None, 0) else "failed", step, loss)
+
+
+def status_table(sweep_dir: Path) -> str:
+    """`prores sweep status`: a line per cell (state, step, last training loss), then the counts."""
+    rows = [(c, cell_state(sweep_dir, c)) for c in read_cells(sweep_dir)]
+    width = max(len(c.name) for c, _ in rows)
+    lines = [f"{'cell':<{width}}  {'state':<9}  {'step':>7}  last loss"]
+    for cell, st in rows:
+        lines.append(f"{cell.name:<{width}}  {st.state:<9}  {'' if st.step is None else st.step:>7}  "
+                     + ("" if st.loss is None else f"{st.loss:.4f}"))
+    counts = Counter(st.state for _, st in rows)
+    return "\n".join(lines + [", ".join(f"{n} {s}" for s, n in sorted(counts.items()))])
