@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections import Counter
 import shutil
 import socket
 import subprocess
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
