@@ -74,8 +74,8 @@ def test_the_summary_is_strict_json_with_the_whole_run_rate(finished):
 
 
 def test_nan_is_written_as_null(tmp_path):
-    Summary(status="diverged", steps=3, final_valid_loss=float("nan"), unigram_entropy=3.3, tokens_per_sec=None,
-            steady_tokens_per_sec=None, train_seconds=0.0).write(tmp_path)
+    Summary(status="diverged", steps=3, final_valid_loss=float("nan"), unigram_entropy=3.3, parameters=10,
+            tokens_per_sec=None, steady_tokens_per_sec=None, train_seconds=0.0).write(tmp_path)
     summary = strict_json((tmp_path / "summary.json").read_text())
     assert summary["final_valid_loss"] is None and summary["tokens_per_sec"] is None
 

@@ -44,6 +44,12 @@ def check_resumable(found: Found, cfg: Config, global_batch: int) -> None:
             " or start a new --run-dir."
         )
     saved, now = found.manifest["config"], cfg.to_dict()
+    for section, what in (("model", "a different model"), ("prores", "another ProRes schedule")):
+        changed = [f"{section}.{k}: {saved[section].get(k)!r} -> {v!r}" for k, v in now[section].items()
+                   if saved[section].get(k) != v]
+        if changed:
+            raise UsageError(f"checkpoint {found.path} holds {what} ({'; '.join(changed)}); resume with the same"
+                             f" {section}.* keys, or start a new --run-dir.")
     was = (saved["train"]["steps"], saved["train"]["micro_batch_size"] * saved["train"]["grad_accum"]
            * found.manifest["parallel"]["dp"])
     if was != (cfg.train.steps, global_batch):
@@ -53,12 +59,6 @@ def check_resumable(found: Found, cfg: Config, global_batch: int) -> None:
             " (shuffled over the epochs those samples span) and the learning-rate schedule depend on both:"
             f" resume with train.steps={was[0]} and micro_batch_size x grad_accum x dp = {was[1]},"
             " or start a new --run-dir.")
-    for section, what in (("model", "a different model"), ("prores", "another ProRes schedule")):
-        changed = [f"{section}.{k}: {saved[section].get(k)!r} -> {v!r}" for k, v in now[section].items()
-                   if saved[section].get(k) != v]
-        if changed:
-            raise UsageError(f"checkpoint {found.path} holds {what} ({'; '.join(changed)}); resume with the same"
-                             f" {section}.* keys, or start a new --run-dir.")
 
 
 def check_run_dir(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, dp: int) -> Optional[Found]:
