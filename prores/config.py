@@ -60,6 +60,9 @@ class ModelConfig:
     mlp: str = _key("swiglu", "MLP kind", choices=("swiglu", "gelu"))
     tie_embeddings: bool = _key(False, "share the embedding with the output head")
     vocab_multiple: int = _key(128, "pad the vocab to a multiple of this (independent of tp)", minimum=1)
+    recompute: str = _key("none", "activation recompute: block keeps only each block's input and recomputes"
+                                  " the block in the backward pass (same numbers, less memory)",
+                          choices=("none", "block"))
 
 
 @dataclass
@@ -124,7 +127,9 @@ class ParallelConfig:
     tp: int = _key(1, "tensor-parallel size", minimum=1)
     pp: int = _key(1, "pipeline-parallel size; dp is the world size / (tp x pp)", minimum=1)
     zero_stage: int = _key(1, "ZeRO stage (optimizer states sharded over dp at 1)", choices=(0, 1))
-    stage_layers: list = _key([], "blocks per pipeline stage, e.g. [2, 3]; empty: an even split")
+    stage_layers: list = _key([], "blocks per pipeline stage, e.g. [2, 3]; empty: split by parallel.partition")
+    partition: str = _key("uniform", "pipeline stages with equal numbers of blocks, or balanced by parameters"
+                                     " (embedding and head included)", choices=("uniform", "parameters"))
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The ``prores`` console script: ``train``, ``preprocess``, ``sweep``, ``report``, ``analyze``, ``config``."""
+"""The ``prores`` console script: ``train``, ``preprocess``, ``sweep``, ``report``, ``analyze``, ``plan``, ``config``."""
 
 from __future__ import annotations
 
@@ -115,6 +115,22 @@ def _cmd_config(args) -> int:
     return 0
 
 
+def _cmd_plan(args) -> int:
+    from prores.config import load_config
+    from prores.data.tokenizers import load_tokenizer
+    from prores.parallel.plan import describe_plan, parse_memory
+
+    cfg = load_config(args.config, tuple(args.set))
+    if args.gpus < 1:
+        raise UsageError(f"--gpus {args.gpus}: expected a positive number of GPUs")
+    try:
+        memory = parse_memory(args.gpu_memory)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(describe_plan(cfg, load_tokenizer(cfg.data.tokenizer).vocab_size, args.gpus, memory))
+    return 0
+
+
 def _cmd_preprocess(args) -> int:
     from prores.data.preprocess import preprocess
 
@@ -175,6 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("analyze", help="each layer's output over the kept checkpoints vs the final one (cosine)")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with checkpoints kept along the run")
     p.set_defaults(func=_cmd_analyze)
+
+    p = sub.add_parser("plan", parents=[config], help="memory per pipeline stage, and a layout that fits your GPUs")
+    p.add_argument("--gpus", type=int, required=True, help="number of GPUs")
+    p.add_argument("--gpu-memory", required=True, metavar="SIZE", help="memory of one GPU, e.g. 80GB (GiB)")
+    p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("config", parents=[config], help="every config key with its value, default and meaning")
     p.add_argument("--markdown", action="store_true", help="the defaults as the README's Markdown table")

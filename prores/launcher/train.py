@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+import numpy
 import torch
 from megatron.core import parallel_state
 
@@ -88,6 +89,13 @@ def lr_lambda(cfg: Config):
     return lambda step: fn(step, cfg.train.steps, o.warmup_steps, o.min_lr_ratio, o.decay_fraction)
 
 
+def dropout_seed(seed: int, topo) -> int:
+    """The default generator's seed, which draws the dropout masks (weights are seeded per parameter):
+    its own stream on every data-parallel rank and pipeline stage, the same on the tensor-parallel ranks
+    of a stage, whose hidden dropout acts on the same replicated activations (as in Megatron)."""
+    return int(numpy.random.SeedSequence([seed, topo.pp_rank, topo.dp_rank]).generate_state(1)[0])
+
+
 def global_batch(cfg: Config, dp: int) -> int:
     return cfg.train.micro_batch_size * cfg.train.grad_accum * dp
 
@@ -121,7 +129,7 @@ class Trainer:
         self.callbacks = list(default_callbacks(cfg) if callbacks is None else callbacks)
         self.stop_status: Optional[str] = None
         self.topo = topo_mod.init(cfg.parallel.tp, cfg.parallel.pp)
-        torch.manual_seed(cfg.train.seed)  # dropout masks; weights are seeded per parameter
+        torch.manual_seed(dropout_seed(cfg.train.seed, self.topo))
         self.checkpoints = Checkpoints(run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every)
         if overwrite and not resume:
             self.checkpoints.remove_all()
@@ -141,8 +149,8 @@ class Trainer:
         pieces = gpt_pieces(m, ProRes(cfg.prores.schedule, cfg.prores.T, m.num_layers), tokenizer.vocab_size,
                             cfg.train.seed, self.backend)
         self.module = build_pipeline(pieces, lm_loss, self.topo, is_block=lambda p: p.cls is Block,
-                                     blocks_per_stage=cfg.parallel.stage_layers
-                                     or uniform_blocks(m.num_layers, cfg.parallel.pp))
+                                     blocks_per_stage=blocks_per_stage(cfg, tokenizer.vocab_size),
+                                     recompute=[Block.__name__] if m.recompute == "block" else [])
         self.blocks = {b.layer_number: b for b in self.module.modules() if isinstance(b, Block)}
         self.prores = ProResScheduler(ProRes(cfg.prores.schedule, cfg.prores.T, m.num_layers), self.blocks)
         optimizer = build_optimizer(cfg, self.module, self.topo)

@@ -24,11 +24,7 @@ from prores.model.init import init_piece
 from prores.model.layouts import LAYOUTS
 from prores.model.norm import Norm
 from prores.model.prores import ProRes
-
-
-def padded_vocab_size(vocab_size: int, multiple: int) -> int:
-    """Padding depends on ``multiple`` only (not on tp), so layouts share one vocab."""
-    return -(-vocab_size // multiple) * multiple
+from prores.model.size import padded_vocab_size
 
 
 class Embedding(nn.Module):

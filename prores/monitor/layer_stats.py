@@ -25,6 +25,11 @@ from prores.model.block import Block
 from prores.model.gpt import Embedding, FinalNorm, Head
 from prores.parallel.grad_norm import grouped_sq_norms, reduced_grad_share
 
+def recomputing() -> bool:
+    """Is this forward a recomputation, run by autograd inside a backward pass?"""
+    return torch._C._current_graph_task_id() != -1
+
+
 OTHER_PIECES = {Embedding: "embedding", FinalNorm: "final_norm", Head: "head"}
 
 
@@ -54,7 +59,8 @@ class LayerDiagnostics(Callback):
 
     def _hook(self, layer: int):
         def hook(module, inputs, output):
-            if self.active:
+            # with model.recompute=block a block runs again inside the backward pass: count its first forward
+            if self.active and not recomputing():
                 x, y = inputs[0].detach().float(), output.detach().float()
                 stats = torch.stack([y.square().mean(), F.cosine_similarity(x, y, dim=-1).mean(),
                                      torch.ones((), device=y.device)])

@@ -62,10 +62,28 @@ class StagedPipeline(PipelineModule):
         self._set_bounds(start=self.parts[stage], stop=self.parts[stage + 1])
 
 
-def build_pipeline(pieces, loss_fn: Callable, topology, is_block: Callable, blocks_per_stage: Sequence[int]):
+def use_megatron_rng_tracker() -> None:
+    """DeepSpeed's activation checkpointing replays a recomputed piece under the RNG states of its first
+    forward: the CPU and device generators, and the states of ``get_cuda_rng_tracker()``. Point that
+    tracker at Megatron's, whose forks give tensor-parallel ranks their own dropout streams, so those
+    streams are replayed too."""
+    from deepspeed.runtime.activation_checkpointing import checkpointing
+    from megatron.core import tensor_parallel
+
+    checkpointing.configure(None)
+    checkpointing._CUDA_RNG_STATE_TRACKER = tensor_parallel.get_cuda_rng_tracker()
+
+
+def build_pipeline(pieces, loss_fn: Callable, topology, is_block: Callable, blocks_per_stage: Sequence[int],
+                   recompute: Sequence[str] = ()):
+    """``recompute``: class names of the pieces whose activations are recomputed in the backward pass,
+    each piece on its own (DeepSpeed's ``activation_checkpoint_interval=1``); the others keep theirs."""
     bounds = stage_bounds([is_block(p) for p in pieces], blocks_per_stage)
+    if recompute:
+        use_megatron_rng_tracker()
     # PipelineModule print()s its seed settings and topology; they show when DeepSpeed's logger is at INFO
     verbose = logging.getLogger("DeepSpeed").isEnabledFor(logging.INFO)
     with contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO()):
         return StagedPipeline(bounds=bounds, layers=layer_specs(pieces), loss_fn=loss_fn,
-                              topology=topology.ds_topology, activation_checkpoint_interval=0)
+                              topology=topology.ds_topology, activation_checkpoint_interval=1 if recompute else 0,
+                              checkpointable_layers=list(recompute) or None)

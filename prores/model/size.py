@@ -1,0 +1,98 @@
+"""How big each piece of the model is: parameters, and the activations autograd keeps for the backward pass.
+
+Both are counted per tensor-parallel rank, from the config alone, so the planner can size a model
+nobody has built. Tests compare both with built pieces (parameters exactly; activations against the
+bytes autograd actually saves).
+
+Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+Models", §4.1), term by term, adapted to this block. Their per-layer estimate, in 2-byte elements with
+tensor parallelism t and no sequence parallelism, is sbh·(10 + 24/t + 5as/(ht)) bytes:
+LayerNorm inputs, the QKV and MLP inputs and two dropout masks are replicated; Q, K, V, the
+projection input, the 4h MLP output and the GeLU output are split over t; softmax, its dropout mask and
+the attention over values cost 5as²b/t. Here, per token and per ``hidden`` (s·b·h elements):
+
+* no dropout (the paper trains without it): no masks;
+* SDPA (flash attention, on CPU too) keeps no s×s scores: its output and a logsumexp per head and
+  token replace Megatron's 5as/h term, so Megatron's *selective* recompute is what SDPA already does;
+* Q, K, V are views of one QKV output, and SDPA keeps it whole: 3/t; RoPE makes new Q and K: 2/t more;
+* the SDPA output is the projection's input: 1/t;
+* SwiGLU keeps the fc1 output (2f), silu(gate), the up half and their product (f each): 5f/(th);
+  a GeLU MLP keeps its fc1 output and the GeLU output: 2f/(th);
+* a norm keeps its input in fp32 (the norms compute in fp32 whatever the storage dtype) and, for
+  RMSNorm, the normalised input too; its output feeds the next linear, which keeps it at the
+  activation dtype (QKV and fc1 inputs, replicated).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prores.model.layouts import LAYOUTS
+
+FP32 = 4
+
+
+def padded_vocab_size(vocab_size: int, multiple: int) -> int:
+    """Padding depends on ``multiple`` only (not on tp), so layouts share one vocab."""
+    return -(-vocab_size // multiple) * multiple
+
+
+def _norm_params(m) -> int:
+    return m.hidden_size * (2 if m.norm == "layernorm" else 1)
+
+
+def block_parameters(m, tp: int = 1) -> int:
+    h, f = m.hidden_size, m.ffn_hidden_size
+    fc1 = 2 * f if m.mlp == "swiglu" else f
+    return (3 * h * h + h * h + h * fc1 + f * h) // tp + len(LAYOUTS[m.norm_layout].norms) * _norm_params(m)
+
+
+def embedding_parameters(m, vocab_size: int, tp: int = 1) -> int:
+    positions = m.seq_length * m.hidden_size if m.position == "learned" else 0
+    return padded_vocab_size(vocab_size, m.vocab_multiple) * m.hidden_size // tp + positions
+
+
+def head_parameters(m, vocab_size: int, tp: int = 1) -> int:
+    """The final norm (pre-style layouts) and the output layer; tied, the last stage holds a copy of the
+    word embedding (DeepSpeed keeps, and updates, the tied weight on both stages)."""
+    final_norm = _norm_params(m) if LAYOUTS[m.norm_layout].final_norm else 0
+    return final_norm + padded_vocab_size(vocab_size, m.vocab_multiple) * m.hidden_size // tp
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One micro-batch."""
+
+    seq: int
+    batch: int
+    element: int  # bytes per activation element: 4 (fp32) or 2 (bf16)
+
+
+def _norm_activations(m) -> int:
+    """Per token: RMSNorm keeps its input, the normalised input and rstd; LayerNorm its input, mean and
+    rstd; all fp32."""
+    return FP32 * (2 * m.hidden_size + 1 if m.norm == "rmsnorm" else m.hidden_size + 2)
+
+
+def block_activations(m, shape: Shape, tp: int = 1) -> int:
+    """Bytes one block keeps for its backward pass, per micro-batch and tensor-parallel rank."""
+    h, f, a, e = m.hidden_size, m.ffn_hidden_size, m.num_heads, shape.element
+    replicated = len(LAYOUTS[m.norm_layout].norms) * _norm_activations(m) + 2 * h * e  # + the QKV and fc1 inputs
+    rope = 2 * h if m.position == "rope" else 0
+    split = (3 * h + rope + h + (5 if m.mlp == "swiglu" else 2) * f) * e // tp + a // tp * FP32  # + the LSE
+    rope_tables = 4 * shape.seq * (h // a) * FP32 if m.position == "rope" else 0  # cos and sin, for Q and K
+    return shape.seq * shape.batch * (replicated + split) + rope_tables
+
+
+def embedding_activations(m, shape: Shape) -> int:
+    """The token ids the lookup keeps (int64)."""
+    return shape.seq * shape.batch * 8
+
+
+def head_activations(m, shape: Shape, vocab_size: int, tp: int = 1) -> int:
+    """The final norm, the output layer's input, and what vocab-parallel cross-entropy keeps: the fp32
+    softmax over this rank's vocab slice, a target mask and the local targets (9 bytes a token)."""
+    h = m.hidden_size
+    final_norm = _norm_activations(m) if LAYOUTS[m.norm_layout].final_norm else 0
+    vocab = padded_vocab_size(vocab_size, m.vocab_multiple) // tp
+    return shape.seq * shape.batch * (final_norm + h * shape.element + FP32 * vocab + 9)
