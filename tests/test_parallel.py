@@ -45,10 +45,11 @@ WEIGHT_TOL = 1e-4
 COMMON = ("model.num_layers=6", "model.hidden_size=64", "model.ffn_hidden_size=128", "model.num_heads=4",
           "model.seq_length=32", "model.dropout=0.0", "train.precision=fp32", f"train.steps={STEPS}",
           "train.micro_batch_size=4", "train.log_interval=1", "train.eval_interval=5",
-          "optim.lr=0.1", "optim.eps=1.0", "optim.warmup_steps=2", "prores.T=2", "data.eval_samples=8",
+          "optim.lr=0.1", "optim.eps=1.0", "optim.warmup_steps=2", "prores.T=1", "data.eval_samples=8",
           "logging.stats_interval=3", "checkpoint.interval=5",
           "logging.progress_bar=false", f"data.eval.fixture={Path(__file__).parent / 'fixtures' / 'tiny_corpus.jsonl'}")
 UNEVEN = ("model.num_layers=5", "parallel.pp=2", "parallel.stage_layers=[2, 3]")
+SATURATED_FROM = 6  # T·L: from this step every block runs the saturated path (alpha None, no multiply)
 
 # name: (launcher, overrides on top of COMMON)
 LAYOUTS = {
@@ -59,6 +60,11 @@ LAYOUTS = {
     "tp2pp2": (deepspeed_launcher(4), ("parallel.tp=2", "parallel.pp=2")),
     # ZeRO-0 clips with prores's global norm (DeepSpeed's misses replicated params on later stages)
     "tp2pp2-zero0": (torchrun(4), ("parallel.tp=2", "parallel.pp=2", "parallel.zero_stage=0")),
+    # four micro-batches a step: the two stages overlap in DeepSpeed's 1F1B schedule
+    "pp2-accum4": (torchrun(2), ("parallel.pp=2", "train.micro_batch_size=1", "train.grad_accum=4")),
+    # blocks recomputed in the backward pass: the same numbers as without (bitwise, see RECOMPUTED)
+    "1x1x1-recompute": (None, ("model.recompute=block",)),
+    "tp2pp2-recompute": (torchrun(4), ("parallel.tp=2", "parallel.pp=2", "model.recompute=block")),
     "1x1x1-5blocks": (None, ("model.num_layers=5",)),
     "pp2-uneven": (torchrun(2), UNEVEN),
     # the head reads the embedding's weight on the last stage: DeepSpeed all-reduces the tied gradient
@@ -71,6 +77,7 @@ LAYOUTS = {
     "dp2-docker-nodes": (["bash", str(Path(__file__).parent / "two_nodes.sh"), str(free_port())],
                          ("train.micro_batch_size=2",)),
 }
+RECOMPUTED = {"1x1x1-recompute": "1x1x1", "tp2pp2-recompute": "tp2pp2"}
 BASELINE = {name: {"pp2-uneven": "1x1x1-5blocks", "pp2-tied": "1x1x1-tied"}.get(name, "1x1x1") for name in LAYOUTS}
 
 
@@ -134,6 +141,23 @@ def test_same_curve_as_one_process(runs, name, tag):
 
 
 LAYER_FAMILIES = ["prores/alpha", "layers/act_rms", "layers/cos_in_out", "layers/grad_norm", "layers/update_ratio"]
+
+
+@pytest.mark.parametrize("name", list(RECOMPUTED))
+def test_recompute_changes_no_number(runs, name):
+    """Bit for bit: losses, norms and every per-layer statistic (a recomputed forward is not counted)."""
+    got, want = runs[name]["scalars"], runs[RECOMPUTED[name]]["scalars"]
+    tags = sorted(t for t in want if t != "train/tokens_per_sec")
+    assert sorted(t for t in got if t != "train/tokens_per_sec") == tags
+    for tag in tags:
+        assert got[tag] == want[tag], f"{name} {tag}: {got[tag]} vs {want[tag]} without recompute"
+
+
+def test_the_runs_pass_the_warmup_into_the_saturated_path(runs):
+    cfg = load_config(None, COMMON)
+    assert cfg.prores.T * cfg.model.num_layers == SATURATED_FROM < STEPS
+    alpha = runs["1x1x1"]["scalars"]["prores/alpha/layer_006"]
+    assert alpha[SATURATED_FROM - 1] < 1.0 and all(alpha[s] == 1.0 for s in range(SATURATED_FROM, STEPS))
 
 
 @pytest.mark.parametrize("name", [n for n in LAYOUTS if not n.startswith("1x1x1")])

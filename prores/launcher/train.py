@@ -46,7 +46,8 @@ from prores.monitor.spikes import SpikeScores
 from prores.monitor.tensorboard import RunWriter, mark_resume
 from prores.parallel import topology as topo_mod
 from prores.parallel.grad_norm import GlobalNormAdamW, count_parameters
-from prores.parallel.pipeline import build_pipeline, uniform_blocks
+from prores.parallel.pipeline import build_pipeline
+from prores.parallel.plan import blocks_per_stage
 from prores.parallel.zero_reshard import load_with_other_dp
 
 

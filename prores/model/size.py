@@ -75,13 +75,18 @@ def _norm_activations(m) -> int:
 
 
 def block_activations(m, shape: Shape, tp: int = 1) -> int:
-    """Bytes one block keeps for its backward pass, per micro-batch and tensor-parallel rank."""
+    """Bytes one block (beyond the first, for LNS) keeps for its backward pass, per micro-batch and
+    tensor-parallel rank."""
     h, f, a, e = m.hidden_size, m.ffn_hidden_size, m.num_heads, shape.element
-    replicated = len(LAYOUTS[m.norm_layout].norms) * _norm_activations(m) + 2 * h * e  # + the QKV and fc1 inputs
+    layout = LAYOUTS[m.norm_layout]
+    norms = len(layout.norms)
+    replicated = norms * _norm_activations(m) + 2 * h * e  # + the QKV and fc1 inputs
     rope = 2 * h if m.position == "rope" else 0
     split = (3 * h + rope + h + (5 if m.mlp == "swiglu" else 2) * f) * e // tp + a // tp * FP32  # + the LSE
-    rope_tables = 4 * shape.seq * (h // a) * FP32 if m.position == "rope" else 0  # cos and sin, for Q and K
-    return shape.seq * shape.batch * (replicated + split) + rope_tables
+    rope_tables = 4 * shape.seq * (h // a) * e if m.position == "rope" else 0  # cos and sin, for Q and K
+    # a norm whose gain is not the parameter itself (cast to fp32, or scaled by LNS) keeps that copy
+    gain_copies = norms * _norm_params(m) * FP32 if e != FP32 or layout.norm_out_scale(2) != 1.0 else 0
+    return shape.seq * shape.batch * (replicated + split) + rope_tables + gain_copies
 
 
 def embedding_activations(m, shape: Shape) -> int:
