@@ -189,3 +189,31 @@ def test_seeding_is_layout_invariant(world_of_one):
     assert not torch.equal(a, b)  # distinct layers are distinct draws
     other_seed = weights(Block(cfg, prores, layer=1, seed=8))["mlp.linear_fc1.weight"]
     assert not torch.equal(a, other_seed)
+
+
+@pytest.mark.parametrize("layout", ["pre", "post", "sandwich"])
+def test_an_fp32_residual_stream_keeps_what_a_bf16_one_rounds_away(world_of_one, layout):
+    """Block 120 of 120 at step 10 of T=500 (alpha 1.7e-4). Its contribution (its output less its output
+    at alpha = 0: x, or Norm(Norm(x)) for post), through a float64 stream from the same bf16 branches,
+    is the reference; the share of it that arrives through an fp32
+    stream is 1 up to fp32 rounding (2^-24 of |x|, against |alpha·F| ~ 1e-5·|x| here), through a bf16
+    stream almost nothing: |alpha·F| is below half an ulp of x (2^-9·|x|) for nearly every element."""
+    cfg = ModelConfig(num_layers=120, hidden_size=64, ffn_hidden_size=160, num_heads=4, seq_length=S,
+                      norm_layout=layout)
+    block = Block(cfg, ProRes("linear", 500, 120), layer=120, seed=0).to(torch.bfloat16)
+    x = torch.randn(S, B, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+
+    def contribution(dtype):
+        outs = []
+        for step in (10, 0):
+            block.set_step(step)
+            outs.append(block(x.to(dtype)).double())
+        return outs[0] - outs[1]
+
+    with torch.no_grad():
+        assert torch.equal(block.attention_branch(x.float()), block.attention_branch(x))  # the same bf16 compute
+        assert block(x.float()).dtype == torch.float32
+        exact = contribution(torch.float64)
+        through = {dtype: contribution(dtype) for dtype in (torch.float32, torch.bfloat16)}
+    share = {dtype: ((d * exact).sum() / exact.square().sum()).item() for dtype, d in through.items()}
+    assert share[torch.float32] == pytest.approx(1.0, abs=0.01) and share[torch.bfloat16] < 0.1, share

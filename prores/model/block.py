@@ -61,13 +61,19 @@ class Block(nn.Module):
     def _drop(self, out: torch.Tensor) -> torch.Tensor:
         return F.dropout(out, self.dropout, self.training) if self.dropout else out
 
+    def _compute(self, y: torch.Tensor) -> torch.Tensor:
+        """A branch's input at the weights' dtype: with model.fp32_residual the stream is fp32 and the
+        branches bf16; the residual adds (prores.model.fused) keep the stream's dtype."""
+        return y.to(self.mlp.linear_fc2.weight.dtype)
+
     def attention_branch(self, y: torch.Tensor) -> torch.Tensor:
+        y = self._compute(y)
         rope = None if self.rope is None else rope_table(y.shape[0], *self.rope, y.device)
         out, _ = self.self_attention(y, None, rotary_pos_emb=rope)
         return self._drop(out)
 
     def mlp_branch(self, y: torch.Tensor) -> torch.Tensor:
-        out, _ = self.mlp(y)
+        out, _ = self.mlp(self._compute(y))
         return self._drop(out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

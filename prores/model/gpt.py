@@ -34,6 +34,7 @@ class Embedding(nn.Module):
         super().__init__()
         config = megatron_config(model_cfg)
         self.dropout = model_cfg.dropout
+        self.fp32_residual = model_cfg.fp32_residual
         self.word_embeddings = VocabParallelEmbedding(vocab_size, model_cfg.hidden_size,
                                                       init_method=config.init_method, config=config)
         self.position_embeddings = nn.Embedding(model_cfg.seq_length, model_cfg.hidden_size) \
@@ -45,13 +46,16 @@ class Embedding(nn.Module):
         if self.position_embeddings is not None:
             h = h + self.position_embeddings.weight[: tokens.shape[1]]
         h = h.transpose(0, 1).contiguous()
+        if self.fp32_residual:  # the residual stream starts here
+            h = h.float()
         return F.dropout(h, self.dropout, self.training) if self.dropout else h
 
 
 def tied_head_forward(embedding: Embedding, hidden: torch.Tensor) -> torch.Tensor:
     """The head when embeddings are tied: logits from the (vocab-parallel) embedding weight."""
-    hidden = tensor_parallel.copy_to_tensor_model_parallel_region(hidden)
-    return F.linear(hidden, embedding.word_embeddings.weight)
+    weight = embedding.word_embeddings.weight
+    hidden = tensor_parallel.copy_to_tensor_model_parallel_region(hidden.to(weight.dtype))
+    return F.linear(hidden, weight)
 
 
 class FinalNorm(nn.Module):
@@ -78,7 +82,7 @@ class Head(nn.Module):
         init_piece(self, model_cfg, model_cfg.num_layers + 1, seed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(x)[0]
+        return self.linear(x.to(self.linear.weight.dtype))[0]
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -97,7 +97,8 @@ def stages(cfg, vocab_size: int, layout: Layout) -> list[StageMemory]:
     weight_bytes, state_bytes = (2, 12) if bf16 else (4, 8)
     shards = layout.dp if cfg.parallel.zero_stage == 1 else 1
     one_block = block_activations(m, shape, layout.tp)
-    block_input = m.seq_length * layout.micro_batch * m.hidden_size * shape.element
+    stream = 4 if m.fp32_residual else shape.element  # bytes of a residual-stream element
+    block_input = m.seq_length * layout.micro_batch * m.hidden_size * stream
     out = []
     counts = blocks_per_stage(cfg, vocab_size, layout.tp, layout.pp)
     for s, n in enumerate(counts):
