@@ -90,6 +90,13 @@ def test_a_finished_run_says_so_and_is_left_as_it_was(finished):
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
 
 
+def test_recompute_may_change_on_resume(finished):
+    """It changes memory, not numbers: a finished run with recompute on is still that finished run."""
+    run_dir, _, _ = finished
+    proc = run_cli(*train_args(run_dir, TINY + ("model.recompute=block",)))
+    assert proc.returncode == 0 and f"run directory {run_dir} is finished" in proc.stdout, proc.stderr[-3000:]
+
+
 def test_the_default_run_directory_follows_the_changes_not_their_spelling():
     assert default_run_dir(None, load_config()) == Path("runs/tiny")
     assert default_run_dir(None, load_config(None, ("model.num_layers=12",))) == Path("runs/tiny")  # the default

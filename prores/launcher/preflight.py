@@ -24,6 +24,10 @@ from prores.launcher.summary import SUMMARY
 from prores.parallel.topology import launched_as
 
 
+# keys that change memory, not numbers (the parity tests prove it), so a resume may change them
+MAY_CHANGE_ON_RESUME = {"model.recompute"}
+
+
 @dataclass
 class Plan:
     rank: int
@@ -43,10 +47,11 @@ def check_resumable(found: Found, cfg: Config, global_batch: int) -> None:
             f" processes) but not tp or pp: use --set parallel.tp={saved['tp']} --set parallel.pp={saved['pp']},"
             " or start a new --run-dir."
         )
-    saved, now = found.manifest["config"], cfg.to_dict()
+    saved, now, default = found.manifest["config"], cfg.to_dict(), Config().to_dict()
     for section, what in (("model", "a different model"), ("prores", "another ProRes schedule")):
-        changed = [f"{section}.{k}: {saved[section].get(k)!r} -> {v!r}" for k, v in now[section].items()
-                   if saved[section].get(k) != v]
+        was = {**default[section], **saved[section]}  # a key newer than the checkpoint had its default
+        changed = [f"{section}.{k}: {was[k]!r} -> {v!r}" for k, v in now[section].items()
+                   if was[k] != v and f"{section}.{k}" not in MAY_CHANGE_ON_RESUME]
         if changed:
             raise UsageError(f"checkpoint {found.path} holds {what} ({'; '.join(changed)}); resume with the same"
                              f" {section}.* keys, or start a new --run-dir.")

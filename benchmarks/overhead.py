@@ -1,0 +1,89 @@
+"""Framework overhead: one process of `prores train`'s step against a bare PyTorch loop (goal: prores at
+least 0.95x the bare loop's tokens/s).
+
+prores: :meth:`Trainer.step_once` with its default callbacks (the DeepSpeed pipeline engine, ZeRO-1,
+clipping, logging, per-layer diagnostics at ``logging.stats_interval``, progress). Bare: the same
+pieces (:func:`prores.model.gpt.gpt_pieces`, the same fused-kernel backend and alpha), the same AdamW
+and parameter groups, the same learning-rate schedule, clipping and batches, in a plain
+forward/backward/step loop without DeepSpeed. Blocks of ``--steps`` steps alternate between the two so
+that drift in the machine's load hits both alike; the medians of the blocks' tokens/s are compared.
+
+    python benchmarks/overhead.py [--blocks 10] [--steps 10] [--set KEY=VALUE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from prores.config import load_config
+from prores.data.tokenizers import load_tokenizer
+from prores.launcher.train import Trainer, lr_lambda, param_groups
+from prores.model.gpt import gpt_pieces, lm_loss
+from prores.model.block import Block
+from prores.model.prores import ProRes, ProResScheduler
+
+
+class BareLoop:
+    """The model's pieces in an nn.Sequential, trained by hand."""
+
+    def __init__(self, cfg, trainer: Trainer):
+        m, o = cfg.model, cfg.optim
+        pieces = gpt_pieces(m, ProRes(cfg.prores.schedule, cfg.prores.T, m.num_layers),
+                            load_tokenizer(cfg.data.tokenizer).vocab_size, cfg.train.seed, trainer.backend)
+        self.model = torch.nn.Sequential(*[p.cls(**p.kwargs) for p in pieces])
+        self.prores = ProResScheduler(ProRes(cfg.prores.schedule, cfg.prores.T, m.num_layers),
+                                      {b.layer_number: b for b in self.model if isinstance(b, Block)})
+        self.optimizer = torch.optim.AdamW(param_groups(self.model, o.weight_decay), lr=o.lr, betas=tuple(o.betas),
+                                           eps=o.eps)
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.cfg, self.data, self.step = cfg, copy.copy(trainer.data.train), 0  # the same batches, in turn
+
+    def step_once(self) -> None:
+        self.prores.step(self.step)
+        for _ in range(self.cfg.train.grad_accum):
+            tokens, labels = next(self.data)
+            (lm_loss(self.model(tokens), labels) / self.cfg.train.grad_accum).backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.clip_grad)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.schedule.step()
+        self.step += 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--blocks", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--set", action="append", default=[])
+    args = parser.parse_args()
+    cfg = load_config(None, ("logging.progress_bar=false", "train.steps=100000", "train.eval_interval=100000",
+                             *args.set))
+    trainer = Trainer(cfg, Path(tempfile.mkdtemp(prefix="prores-bench-")))
+    bare = BareLoop(cfg, trainer)
+    trainer.call("on_start")
+    loops = {"prores": trainer.step_once, "bare": bare.step_once}
+    for step in loops.values():  # warm-up: compilation, allocator
+        for _ in range(args.steps):
+            step()
+    rates = {name: [] for name in loops}
+    for block in range(args.blocks):
+        name = ("prores", "bare")[block % 2]
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            loops[name]()
+        rates[name].append(args.steps * trainer.tokens_per_step / (time.perf_counter() - start))
+    ours, theirs = (statistics.median(rates[n]) for n in ("prores", "bare"))
+    print(f"{cfg.model.num_layers} blocks, {trainer.tokens_per_step} tokens a step, kernels {trainer.backend},"
+          f" median of {args.blocks // 2} blocks of {args.steps} steps each")
+    print(f"tokens/s: prores {ours:.0f}, bare PyTorch loop {theirs:.0f}; prores / bare = {ours / theirs:.3f}")
+
+
+if __name__ == "__main__":
+    main()
