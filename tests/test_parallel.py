@@ -301,6 +301,49 @@ def test_bad_layouts_fail_once_and_clearly(tmp_path, launcher, overrides, messag
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
 
 
+# bf16 carries 8 significant bits, u = 2^-9. The layouts round in different places (tensor-parallel
+# partial sums and their all-reduce are rounded to bf16; one process rounds the whole sum once). The
+# losses are fp32 means over 128 tokens of an fp32 cross-entropy on bf16 logits: allowed 2u = 2^-8.
+# A gradient element passes through up to two extra roundings per block on its way back through 6
+# blocks: the grad norm is allowed 16u = 2^-5. (Measured: 8e-5 and 1e-3.)
+BF16_LOSS_RTOL, BF16_GRAD_RTOL = 2.0**-8, 2.0**-5
+BF16 = ("train.precision=bf16",)
+BF16_LAYOUTS = {  # name: (launcher, overrides, the one-process run it is compared with)
+    "1x1x1-bf16": (None, BF16, None),
+    "tp2pp2-bf16": (torchrun(4), BF16 + ("parallel.tp=2", "parallel.pp=2"), "1x1x1-bf16"),
+    "1x1x1-bf16-fp32res": (None, BF16 + ("model.fp32_residual=true",), None),
+    "pp2-bf16-fp32res": (torchrun(2), BF16 + ("parallel.pp=2", "model.fp32_residual=true"), "1x1x1-bf16-fp32res"),
+}
+
+
+@pytest.fixture(scope="module")
+def bf16_runs(tmp_path_factory):
+    out = {}
+    for name, (launcher, overrides, _) in BF16_LAYOUTS.items():
+        run_dir = tmp_path_factory.mktemp(name)
+        proc = run_cli(*train_args(run_dir, COMMON + overrides), launcher=launcher, timeout=900)
+        assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+        out[name] = {tag: values for f in scalars_by_file(run_dir).values() for tag, values in f.items()}
+    return out
+
+
+@pytest.mark.parametrize("name", [n for n, (_, _, one) in BF16_LAYOUTS.items() if one])
+def test_bf16_layouts_train_like_one_bf16_process(bf16_runs, name):
+    got, want = bf16_runs[name], bf16_runs[BF16_LAYOUTS[name][2]]
+    for tag, rtol in (("train/loss", BF16_LOSS_RTOL), ("valid/loss", BF16_LOSS_RTOL),
+                      ("train/grad_norm", BF16_GRAD_RTOL)):
+        bad = first_divergence(got[tag], want[tag], rtol)
+        assert bad is None, f"{name} {tag} at step {bad[0]}: {bad[1]!r} vs one bf16 process {bad[2]!r} (rtol {rtol:g})"
+
+
+def test_the_fp32_residual_stream_crosses_pipeline_stages_in_fp32(bf16_runs):
+    """pp=2 changes no arithmetic, so with the stream sent between stages in fp32 the run is the one-process
+    run bit for bit (sent in bf16, stage 1 would start from a rounded stream)."""
+    got, want = bf16_runs["pp2-bf16-fp32res"], bf16_runs["1x1x1-bf16-fp32res"]
+    for tag in ("train/loss", "train/grad_norm", "valid/loss"):
+        assert got[tag] == want[tag], tag
+
+
 DEEP = ("model.hidden_size=32", "model.ffn_hidden_size=64", "model.num_heads=4", "model.seq_length=32",
         "train.precision=fp32", "train.micro_batch_size=2", "train.grad_accum=2", "train.steps=3",
         "train.log_interval=1", "train.eval_interval=3", "data.eval_samples=4", "optim.warmup_steps=1",
@@ -325,3 +368,16 @@ def test_120_blocks_over_4_stages_with_recompute_train_like_one_process(tmp_path
     for tag in ("train/loss", "train/grad_norm", "valid/loss", "layers/act_rms/layer_120"):
         bad = first_divergence(runs["pp4"][tag], runs["pp1"][tag], RTOL)
         assert bad is None, f"{tag} at step {bad[0]}: {bad[1]!r} vs one process {bad[2]!r}"
+
+
+def test_recompute_replays_dropout(tmp_path):
+    """With dropout, a recomputed block must draw the masks of its first forward again (DeepSpeed restores
+    the RNG states it saved): the same losses, bit for bit, as without recompute."""
+    losses = {}
+    for recompute in ("none", "block"):
+        run_dir = tmp_path / recompute
+        proc = run_cli(*train_args(run_dir, COMMON + ("model.dropout=0.1", f"model.recompute={recompute}",
+                                                      "train.steps=4", "checkpoint.interval=0")), timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        losses[recompute] = {t: v for f in scalars_by_file(run_dir).values() for t, v in f.items()}["train/loss"]
+    assert losses["block"] == losses["none"]
