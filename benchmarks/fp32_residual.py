@@ -11,7 +11,7 @@ residual stream during its warmup, and the loss of a short run against the same 
 2. Loss. Three short runs of the same config, side by side: fp32, bf16, bf16 + fp32_residual; their
    final validation losses and the bf16 runs' differences from fp32.
 
-    python benchmarks/fp32_residual.py [--layers 120] [--T 500] [--steps 150]
+    python benchmarks/fp32_residual.py [--layers 120] [--T 500] [--steps 150] [--seeds 1234 1] [--skip-survival]
 """
 
 from __future__ import annotations
@@ -70,21 +70,29 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=120)
     parser.add_argument("--T", type=int, default=500)
     parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1234])
+    parser.add_argument("--skip-survival", action="store_true")
     args = parser.parse_args()
+    if not args.skip_survival:
+        print_survival(args)
+    for seed in args.seeds:
+        run = RUN + (f"train.steps={args.steps}", f"train.seed={seed}")
+        losses = {name: final_loss(run + extra) for name, extra in (
+            ("fp32", ("train.precision=fp32",)),
+            ("bf16", ("train.precision=bf16", "model.fp32_residual=false")),
+            ("bf16 + fp32_residual", ("train.precision=bf16", "model.fp32_residual=true")))}
+        print(f"{args.steps} steps of {' '.join(run)}:")
+        for name, loss in losses.items():
+            print(f"  {name:22s} final valid loss {loss:.4f} ({loss - losses['fp32']:+.4f} vs fp32)", flush=True)
+
+
+def print_survival(args) -> None:
     print(f"block {args.layers} of {args.layers}, width 512, T={args.T}: its contribution out - x in bf16")
     print("| step | alpha | bf16 stream: survival | elements where it vanished |")
     print("| ---: | ---: | ---: | ---: |")
     for r in survival(args.layers, args.T, [1, 10, 50, 100, 200, args.T]):
         print(f"| {r['step']} | {r['alpha']:.2e} | {r['survival']:.3f} | {r['vanished']:.1%} |")
-    print("(with model.fp32_residual=true the survival is 1 by construction: it is the reference)\n")
-    run = RUN + (f"train.steps={args.steps}",)
-    losses = {name: final_loss(run + extra) for name, extra in (
-        ("fp32", ("train.precision=fp32",)),
-        ("bf16", ("train.precision=bf16",)),
-        ("bf16 + fp32_residual", ("train.precision=bf16", "model.fp32_residual=true")))}
-    print(f"{args.steps} steps of {' '.join(RUN)}:")
-    for name, loss in losses.items():
-        print(f"  {name:22s} final valid loss {loss:.4f} ({loss - losses['fp32']:+.4f} vs fp32)")
+    print("(with model.fp32_residual=true the survival is 1 by construction: it is the reference)\n", flush=True)
 
 
 if __name__ == "__main__":

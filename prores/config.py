@@ -60,8 +60,8 @@ class ModelConfig:
     mlp: str = _key("swiglu", "MLP kind", choices=("swiglu", "gelu"))
     tie_embeddings: bool = _key(False, "share the embedding with the output head")
     vocab_multiple: int = _key(128, "pad the vocab to a multiple of this (independent of tp)", minimum=1)
-    fp32_residual: bool = _key(False, "under train.precision=bf16, keep the residual stream between blocks (and"
-                                      " stages) in fp32 while the branches compute in bf16")
+    fp32_residual: bool = _key(True, "under train.precision=bf16, keep the residual stream between blocks (and"
+                                     " stages) in fp32 while the branches compute in bf16 (see the README)")
     recompute: str = _key("none", "activation recompute: block keeps only each block's input and recomputes"
                                   " the block in the backward pass (same numbers, less memory)",
                           choices=("none", "block"))

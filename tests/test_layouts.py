@@ -199,7 +199,7 @@ def test_an_fp32_residual_stream_keeps_what_a_bf16_one_rounds_away(world_of_one,
     stream is 1 up to fp32 rounding (2^-24 of |x|, against |alpha·F| ~ 1e-5·|x| here), through a bf16
     stream almost nothing: |alpha·F| is below half an ulp of x (2^-9·|x|) for nearly every element."""
     cfg = ModelConfig(num_layers=120, hidden_size=64, ffn_hidden_size=160, num_heads=4, seq_length=S,
-                      norm_layout=layout)
+                      norm_layout=layout, fp32_residual=True)
     block = Block(cfg, ProRes("linear", 500, 120), layer=120, seed=0).to(torch.bfloat16)
     x = torch.randn(S, B, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
 

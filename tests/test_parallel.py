@@ -307,12 +307,13 @@ def test_bad_layouts_fail_once_and_clearly(tmp_path, launcher, overrides, messag
 # A gradient element passes through up to two extra roundings per block on its way back through 6
 # blocks: the grad norm is allowed 16u = 2^-5. (Measured: 8e-5 and 1e-3.)
 BF16_LOSS_RTOL, BF16_GRAD_RTOL = 2.0**-8, 2.0**-5
-BF16 = ("train.precision=bf16",)
+BF16 = ("train.precision=bf16", "model.fp32_residual=false")
 BF16_LAYOUTS = {  # name: (launcher, overrides, the one-process run it is compared with)
     "1x1x1-bf16": (None, BF16, None),
     "tp2pp2-bf16": (torchrun(4), BF16 + ("parallel.tp=2", "parallel.pp=2"), "1x1x1-bf16"),
-    "1x1x1-bf16-fp32res": (None, BF16 + ("model.fp32_residual=true",), None),
-    "pp2-bf16-fp32res": (torchrun(2), BF16 + ("parallel.pp=2", "model.fp32_residual=true"), "1x1x1-bf16-fp32res"),
+    "1x1x1-bf16-fp32res": (None, ("train.precision=bf16", "model.fp32_residual=true"), None),
+    "pp2-bf16-fp32res": (torchrun(2), ("train.precision=bf16", "model.fp32_residual=true", "parallel.pp=2"),
+                         "1x1x1-bf16-fp32res"),
 }
 
 

@@ -28,3 +28,11 @@ def test_the_test_script_installs_like_the_train_command_plus_the_test_extras():
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert TEST_COMMAND in ci
+
+
+def test_the_readme_plan_example_is_what_prores_plan_prints():
+    from prores.config import load_config
+    from prores.parallel.plan import GiB, describe_plan
+
+    plan = describe_plan(load_config("depth/120.yaml"), 258, gpus=8, gpu_memory=80 * GiB)
+    assert f"```\n{plan}\n```" in (ROOT / "README.md").read_text()

@@ -142,16 +142,23 @@ def cost(layout: Layout) -> tuple:
             -layout.micro_batch)
 
 
-def recommend(cfg, vocab_size: int, gpus: int, gpu_memory: int) -> tuple[Optional[Layout], int]:
-    """The preferred layout whose every stage fits in ``gpu_memory`` less the headroom, and the number of
-    layouts tried."""
-    global_batch = cfg.train.micro_batch_size * cfg.train.grad_accum * max(1, gpus // (cfg.parallel.tp * cfg.parallel.pp))
-    budget, tried, fits = gpu_memory * (1 - HEADROOM), 0, []
-    for layout in candidates(cfg, gpus, global_batch):
-        tried += 1
-        if max(s.peak for s in stages(cfg, vocab_size, layout)) <= budget:
-            fits.append(layout)
-    return (min(fits, key=cost) if fits else None), tried
+@dataclass(frozen=True)
+class Recommendation:
+    best: Optional[Layout]  # the preferred layout that fits, if any
+    tried: int
+    smallest: tuple[int, Layout]  # the lowest fullest-stage peak of all layouts tried, and its layout
+
+
+def recommend(cfg, vocab_size: int, gpus: int, gpu_memory: int) -> Recommendation:
+    """Of the layouts of ``gpus`` GPUs that keep the config's global batch on them, the preferred one whose
+    every stage fits in ``gpu_memory`` less the headroom."""
+    dp = max(1, gpus // (cfg.parallel.tp * cfg.parallel.pp))
+    global_batch = cfg.train.micro_batch_size * cfg.train.grad_accum * dp
+    peaks = [(max(s.peak for s in stages(cfg, vocab_size, layout)), layout)
+             for layout in candidates(cfg, gpus, global_batch)]
+    fits = [layout for peak, layout in peaks if peak <= gpu_memory * (1 - HEADROOM)]
+    return Recommendation(min(fits, key=cost) if fits else None, len(peaks),
+                          min(peaks, key=lambda p: (p[0], cost(p[1]))))
 
 
 def parse_memory(text: str) -> int:
@@ -198,13 +205,12 @@ def describe_plan(cfg, vocab_size: int, gpus: int, gpu_memory: int) -> str:
                   f" {bubble(layout.pp, layout.micro_batches):.1%}", "", stage_table(table), ""]
     else:
         lines += [f"as configured (tp={p.tp} x pp={p.pp}) the layout does not divide {gpus} GPUs", ""]
-    best, tried = recommend(cfg, vocab_size, gpus, gpu_memory)
+    rec = recommend(cfg, vocab_size, gpus, gpu_memory)
+    best, tried = rec.best, rec.tried
     if best is None:
-        smallest = min((max(s.peak for s in stages(cfg, vocab_size, layout)), layout)
-                       for layout in candidates(cfg, gpus, cfg.train.micro_batch_size * cfg.train.grad_accum
-                                                * max(1, gpus // (p.tp * p.pp))))
-        lines += [f"does not fit: of the {tried} layouts of {gpus} GPUs, the smallest needs {_gib(smallest[0])} GiB"
-                  f" on its fullest stage ({smallest[1].describe()}), more than the {_gib(usable)} GiB usable."
+        peak, layout = rec.smallest
+        lines += [f"does not fit: of the {tried} layouts of {gpus} GPUs, the smallest needs {_gib(peak)} GiB"
+                  f" on its fullest stage ({layout.describe()}), more than the {_gib(usable)} GiB usable."
                   " Use more or larger GPUs, or a smaller model, sequence or global batch."]
         return "\n".join(lines)
     table = stages(cfg, vocab_size, best)
