@@ -87,6 +87,21 @@ def test_add_norm_forward_backward(backend, rms, dtype, alpha):
         assert_normwise(name, g, r, tau)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("rms", [False, True], ids=["layernorm", "rmsnorm"])
+def test_an_fp32_stream_with_a_bf16_branch(backend, rms):
+    """model.fp32_residual: x, h and y fp32, the branch f and the norm's weights bf16. The add and the
+    norm are fp32 arithmetic, so h, y and dx meet the fp32 tolerance; df is rounded to bf16."""
+    x, _, _, _, dy, dh = inputs(100, 1000, torch.float32)
+    _, f, w, b, _, _ = inputs(100, 1000, torch.bfloat16)
+    h, y, grads = run_add_norm(backend, x, f, 1e-3, w, b, 1e-5, rms, dy, dh)
+    assert h.dtype == y.dtype == grads[0].dtype == torch.float32 and grads[1].dtype == torch.bfloat16
+    rh, ry, rgrads = reference(x, f, 1e-3, w, b, 1e-5, rms, dy, dh)
+    for name, got, ref in zip(("h", "y", "dx"), [h, y, grads[0]], [rh, ry, rgrads[0]]):
+        assert_normwise(name, got, ref, TAU[torch.float32])
+    assert_normwise("df", grads[1], rgrads[1], TAU[torch.bfloat16])
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 @pytest.mark.parametrize("n", [1368, 3000, 64])
 @pytest.mark.parametrize("rms", [False, True], ids=["layernorm", "rmsnorm"])

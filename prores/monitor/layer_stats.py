@@ -25,6 +25,7 @@ from prores.model.block import Block
 from prores.model.gpt import Embedding, FinalNorm, Head
 from prores.parallel.grad_norm import grouped_sq_norms, reduced_grad_share
 
+
 def recomputing() -> bool:
     """Is this forward a recomputation, run by autograd inside a backward pass?"""
     return torch._C._current_graph_task_id() != -1

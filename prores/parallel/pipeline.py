@@ -64,9 +64,9 @@ class StagedPipeline(PipelineModule):
 
 def use_megatron_rng_tracker() -> None:
     """DeepSpeed's activation checkpointing replays a recomputed piece under the RNG states of its first
-    forward: the CPU and device generators, and the states of ``get_cuda_rng_tracker()``. Point that
-    tracker at Megatron's, whose forks give tensor-parallel ranks their own dropout streams, so those
-    streams are replayed too."""
+    forward: the CPU and device generators, and the states of its ``get_cuda_rng_tracker()``. Point that
+    tracker at Megatron's, so that what Megatron-core draws inside a fork of its tracker (on GPU, the
+    tensor-parallel ranks' own dropout streams) is replayed too."""
     from deepspeed.runtime.activation_checkpointing import checkpointing
     from megatron.core import tensor_parallel
 
