@@ -2,7 +2,8 @@
 # Everything a lent GPU is for, in one run (about 5 minutes on an H100/H200):
 #   1. the fused kernels, compiled by Triton for the GPU, against the float64 reference;
 #   2. the bandwidth table: eager vs triton vs compile, next to device copy GB/s;
-#   3. a few training steps on CUDA with NCCL and the triton backend.
+#   3. a few training steps on CUDA with NCCL and the triton backend;
+#   4. the same with model.recompute=block.
 # Usage (from the repository root): bash benchmarks/gpu_check.sh [OUT_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,3 +24,9 @@ torchrun --standalone --nproc_per_node 1 -m prores train configs/depth/24.yaml \
   --set train.steps=30 --set train.eval_interval=30 --set train.log_interval=5 \
   --set kernels.backend=triton --set train.precision=bf16 --set logging.progress_bar=false \
   --run-dir "$out/train" 2>&1 | tail -n 5 | tee "$out/train.txt"
+
+echo "== 4. the same with every block recomputed (DeepSpeed checkpointing on Megatron's CUDA RNG tracker)"
+torchrun --standalone --nproc_per_node 1 -m prores train configs/depth/24.yaml \
+  --set train.steps=10 --set train.eval_interval=10 --set train.log_interval=5 \
+  --set kernels.backend=triton --set train.precision=bf16 --set model.recompute=block \
+  --set logging.progress_bar=false --run-dir "$out/train-recompute" 2>&1 | tail -n 3 | tee "$out/train-recompute.txt"
