@@ -116,6 +116,10 @@ class TrainConfig:
     max_skipped: int = _key(10, "with on_nonfinite=skip: stop as diverged after more non-finite steps in a row",
                             minimum=0)
 
+    def global_batch(self, dp: int) -> int:
+        """Samples per optimizer step over ``dp`` data-parallel ranks."""
+        return self.micro_batch_size * self.grad_accum * dp
+
 
 @dataclass
 class CheckpointConfig:

@@ -77,7 +77,7 @@ def check_run_dir(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, dp:
         return None
     found = checkpoints.newest_manifest()
     if found is not None:
-        check_resumable(found, cfg, cfg.train.micro_batch_size * cfg.train.grad_accum * dp)
+        check_resumable(found, cfg, cfg.train.global_batch(dp))
     return found
 
 

@@ -97,15 +97,11 @@ def dropout_seed(seed: int, topo) -> int:
     return int(numpy.random.SeedSequence([seed, topo.pp_rank, topo.dp_rank]).generate_state(1)[0])
 
 
-def global_batch(cfg: Config, dp: int) -> int:
-    return cfg.train.micro_batch_size * cfg.train.grad_accum * dp
-
-
 def run_data(cfg: Config, run_dir: Path, tokenizer, dp_rank: int = 0, dp: int = 1):
     """The run's batches; dataset caches (and the preprocessed raw corpus) live in run_dir/cache."""
     return build_run_data(cfg.data, tokenizer, seq_length=cfg.model.seq_length,
                           micro_batch_size=cfg.train.micro_batch_size,
-                          train_samples=cfg.train.steps * global_batch(cfg, dp), seed=cfg.train.seed,
+                          train_samples=cfg.train.steps * cfg.train.global_batch(dp), seed=cfg.train.seed,
                           cache_dir=run_dir / "cache", dp_rank=dp_rank, dp_size=dp)
 
 
@@ -160,7 +156,7 @@ class Trainer:
                                                     config=deepspeed_config(cfg))
         self._call_before_updates()
         self.device = device
-        self.tokens_per_step = global_batch(cfg, self.topo.dp) * cfg.model.seq_length
+        self.tokens_per_step = cfg.train.global_batch(self.topo.dp) * cfg.model.seq_length
         if found is not None:
             self.load(found)
             if self.topo.rank == 0:

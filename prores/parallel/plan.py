@@ -152,8 +152,7 @@ class Recommendation:
 def recommend(cfg, vocab_size: int, gpus: int, gpu_memory: int) -> Recommendation:
     """Of the layouts of ``gpus`` GPUs that keep the config's global batch on them, the preferred one whose
     every stage fits in ``gpu_memory`` less the headroom."""
-    dp = max(1, gpus // (cfg.parallel.tp * cfg.parallel.pp))
-    global_batch = cfg.train.micro_batch_size * cfg.train.grad_accum * dp
+    global_batch = cfg.train.global_batch(max(1, gpus // (cfg.parallel.tp * cfg.parallel.pp)))
     peaks = [(max(s.peak for s in stages(cfg, vocab_size, layout)), layout)
              for layout in candidates(cfg, gpus, global_batch)]
     fits = [layout for peak, layout in peaks if peak <= gpu_memory * (1 - HEADROOM)]
