@@ -9,7 +9,6 @@ of it in every split). Raw text is preprocessed into the run's cache here.
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ from prores.data.sources import check_sources, resolve_sources
 from prores.data.tokenizers import load_tokenizer
 from prores.errors import UsageError
 from prores.launcher.checkpoint import Checkpoints, Found
-from prores.launcher.summary import SUMMARY
+from prores.launcher.summary import read_summary
 from prores.parallel.topology import launched_as
 
 
@@ -82,10 +81,7 @@ def check_run_dir(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, dp:
 
 
 def completed(run_dir: Path) -> bool:
-    try:
-        return json.loads((run_dir / SUMMARY).read_text()).get("status") == "completed"
-    except (OSError, ValueError):
-        return False
+    return (read_summary(run_dir) or {}).get("status") == "completed"
 
 
 def preflight(cfg: Config, run_dir: Path, resume: bool = True, overwrite: bool = False) -> Plan:

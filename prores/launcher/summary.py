@@ -34,3 +34,11 @@ class Summary:
     def write(self, run_dir: Path) -> None:
         finite = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in asdict(self).items()}
         (run_dir / SUMMARY).write_text(json.dumps(finite, indent=2, allow_nan=False))
+
+
+def read_summary(run_dir: Path) -> Optional[dict]:
+    """A run directory's summary, or None where there is none (yet) or it cannot be read."""
+    try:
+        return json.loads((Path(run_dir) / SUMMARY).read_text())
+    except (OSError, ValueError):
+        return None

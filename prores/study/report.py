@@ -28,7 +28,8 @@ from tensorboard.backend.event_processing import event_accumulator
 from prores.config import load_config
 from prores.errors import UsageError
 from prores.monitor.heatmaps import heatmap, png, series_matrix
-from prores.study.state import cell_state, summary_of
+from prores.launcher.summary import read_summary
+from prores.study.state import cell_state
 from prores.study.sweep import read_cells
 
 DEPTH = "model.num_layers"
@@ -85,7 +86,7 @@ def collect(targets: list[Path]) -> tuple[list[Run], list[str], Optional[str]]:
         for cell in cells:
             run_dir = Path(cell.run_dir)
             runs.append(Run(cell.name, run_dir, {k: cell.grid[k] for k in keys}, cell.grid.get(SEED),
-                            cell_state(sweep_dir, cell).state, _flat_config(run_dir), summary_of(run_dir) or {},
+                            cell_state(sweep_dir, cell).state, _flat_config(run_dir), read_summary(run_dir) or {},
                             _read_events(run_dir)))
         unfinished = [r for r in runs if r.state not in ("completed", "diverged", "failed", "stopped")]
         counts = {}
@@ -104,7 +105,7 @@ def collect(targets: list[Path]) -> tuple[list[Run], list[str], Optional[str]]:
             and len({yaml.safe_dump(c.get(k)) for c in configs.values()}) > 1]
     runs = []
     for t, config in configs.items():
-        summary = summary_of(t) or {}
+        summary = read_summary(t) or {}
         runs.append(Run(t.name, t, {k: config[k] for k in keys}, config.get(SEED), summary.get("status", "unknown"),
                         config, summary, _read_events(t)))
     return runs, keys, None

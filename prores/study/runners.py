@@ -23,7 +23,8 @@ from pathlib import Path
 
 import prores
 from prores.errors import UsageError
-from prores.study.state import cell_state, finished, record_exit, record_start, summary_of
+from prores.launcher.summary import read_summary
+from prores.study.state import cell_state, finished, record_exit, record_start
 from prores.study.sweep import Cell
 
 SLURM_DIR = Path(prores.__file__).resolve().parents[1] / "slurm"  # slurm/ of the checkout prores runs from
@@ -50,7 +51,7 @@ class _Progress:
 
     def finished(self, cell: Cell, state: str) -> None:
         self.done += 1
-        summary = summary_of(Path(cell.run_dir)) or {}
+        summary = read_summary(Path(cell.run_dir)) or {}
         loss = summary.get("final_valid_loss")
         line = f"[{self.done}/{self.total}] {cell.name}: {state}" + (f", valid loss {loss:.4f}" if loss else "")
         if self.bar is not None:

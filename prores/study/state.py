@@ -24,6 +24,7 @@ from typing import Optional
 
 from tensorboard.backend.event_processing import event_accumulator
 
+from prores.launcher.summary import read_summary
 from prores.study.sweep import Cell, read_cells
 
 FINAL = ("completed", "diverged")  # a re-run skips these
@@ -61,16 +62,9 @@ def _alive(record: dict) -> bool:
     return True
 
 
-def summary_of(run_dir: Path) -> Optional[dict]:
-    try:
-        return json.loads((Path(run_dir) / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def finished(cell: Cell) -> bool:
     """Completed or diverged: a re-run skips it."""
-    return (summary_of(Path(cell.run_dir)) or {}).get("status") in FINAL
+    return (read_summary(Path(cell.run_dir)) or {}).get("status") in FINAL
 
 
 @dataclass
@@ -94,7 +88,7 @@ def last_loss(run_dir: Path) -> tuple[Optional[int], Optional[float]]:
 def cell_state(sweep_dir: Path, cell: Cell) -> CellState:
     run_dir = Path(cell.run_dir)
     step, loss = last_loss(run_dir)
-    summary = summary_of(run_dir)
+    summary = read_summary(run_dir)
     if summary is not None:
         return CellState(summary["status"], summary["steps"], loss)
     try:
