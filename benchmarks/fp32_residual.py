@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from prores.parallel.rendezvous import own_world
+
 RUN = ("model.num_layers=24", "model.hidden_size=128", "model.ffn_hidden_size=344", "model.num_heads=4",
        "model.seq_length=128", "train.micro_batch_size=8", "prores.T=20", "optim.lr=3e-3",
        "optim.warmup_steps=20", "train.eval_interval=1000", "data.eval_samples=64", "logging.progress_bar=false")
@@ -59,7 +61,7 @@ def survival(layers: int, T: int, steps: list[int]) -> list[dict]:
 
 def final_loss(overrides: tuple[str, ...]) -> float:
     with tempfile.TemporaryDirectory() as run_dir:
-        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+        env = own_world(os.environ)
         subprocess.run([sys.executable, "-m", "prores", "train", "--run-dir", run_dir,
                         *[a for o in overrides for a in ("--set", o)]], check=True, capture_output=True, env=env)
         return json.loads((Path(run_dir) / "summary.json").read_text())["final_valid_loss"]

@@ -74,8 +74,9 @@ def measure_here(overrides: tuple[str, ...]) -> dict:
 
 def measure(overrides: tuple[str, ...]) -> dict:
     """:func:`measure_here` in a fresh process."""
-    env = {k: v for k, v in os.environ.items()  # a world of its own, not the caller's
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    from prores.parallel.rendezvous import own_world
+
+    env = own_world(os.environ)  # a world of its own, not the caller's
     env.update(MALLOC_MMAP_THRESHOLD_="65536", DS_ACCELERATOR="cpu", OMP_NUM_THREADS="2")
     proc = subprocess.run([sys.executable, __file__, "--one", *overrides], capture_output=True, text=True, env=env,
                           timeout=900)

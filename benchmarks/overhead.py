@@ -24,7 +24,8 @@ import torch
 
 from prores.config import load_config
 from prores.data.tokenizers import load_tokenizer
-from prores.launcher.train import Trainer, lr_lambda, param_groups
+from prores.launcher.builders import lr_lambda, param_groups
+from prores.launcher.train import Trainer
 from prores.model.gpt import gpt_pieces, lm_loss
 from prores.model.block import Block
 from prores.model.prores import ProRes, ProResScheduler

@@ -19,6 +19,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from prores.parallel.rendezvous import own_world
+
 MODEL = ("model.num_layers=8", "model.hidden_size=128", "model.ffn_hidden_size=344", "model.num_heads=4",
          "model.seq_length=128", "logging.progress_bar=false", "train.eval_interval=100000",
          "data.eval_samples=8")
@@ -32,7 +34,7 @@ def tokens_per_sec(tp: int, pp: int, dp: int, steps: int, micro: int, accum: int
            "--run-dir", str(run_dir)]
     for o in overrides:
         cmd += ["--set", o]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+    env = own_world(os.environ)
     env["OMP_NUM_THREADS"] = "1"
     subprocess.run(cmd, check=True, capture_output=True, env=env)
     return json.loads((run_dir / "summary.json").read_text())["tokens_per_sec"]

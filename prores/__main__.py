@@ -2,6 +2,6 @@
 
 import sys
 
-from prores.launcher.cli import main
+from prores.cli import main
 
 sys.exit(main())

@@ -5,6 +5,10 @@ concerns a single key lives in that key's field metadata (``choices``,
 ``minimum``); checks that relate several keys live in :func:`validate`.
 Every problem is reported as one :class:`ConfigError` naming the key, the
 value and the fix.
+
+A key's allowed values come from the registry that implements them (schedules,
+layouts, norms, init schemes, kernel backends, LR schedules, callbacks); each of
+those registries is importable without torch, and so is this module.
 """
 
 from __future__ import annotations
@@ -19,12 +23,12 @@ from typing import Any, Optional
 import yaml
 
 from prores.errors import UsageError
-
-from prores.model.fused import BACKENDS
+from prores.model.init_schemes import INIT_SCHEMES
+from prores.model.kernels import BACKENDS, NORMS
 from prores.model.layouts import LAYOUTS
 from prores.model.prores import SCHEDULES
-from prores.model.init import INIT_SCHEMES
-from prores.launcher.lr import LR_SCHEDULES
+from prores.monitor.registry import CALLBACKS
+from prores.run.lr import LR_SCHEDULES
 
 PACKAGED_CONFIGS = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = PACKAGED_CONFIGS / "tiny.yaml"
@@ -50,7 +54,7 @@ class ModelConfig:
     seq_length: int = _key(128, "tokens per sequence", minimum=2)
     dropout: float = _key(0.0, "hidden and attention dropout (0 as in the paper)", minimum=0.0)
     norm_layout: str = _key("pre", "where the norms sit and alpha goes, see the layout table", choices=tuple(LAYOUTS))
-    norm: str = _key("rmsnorm", "the norm", choices=("layernorm", "rmsnorm"))
+    norm: str = _key("rmsnorm", "the norm", choices=tuple(NORMS))
     norm_eps: float = _key(1e-5, "the norm's epsilon", minimum=0.0)
     init: str = _key("normal", "init scheme; deepnorm goes with, and only with, the deepnorm layout",
                      choices=tuple(INIT_SCHEMES))
@@ -115,6 +119,8 @@ class TrainConfig:
                                      " the run as diverged, or skip it", choices=("stop", "skip"))
     max_skipped: int = _key(10, "with on_nonfinite=skip: stop as diverged after more non-finite steps in a row",
                             minimum=0)
+    callbacks: list = _key(list(CALLBACKS), "the run's callbacks, called in this default order whatever the"
+                                            " list's (prores/monitor/registry.py)", choices=tuple(CALLBACKS))
 
     def global_batch(self, dp: int) -> int:
         """Samples per optimizer step over ``dp`` data-parallel ranks."""
@@ -196,7 +202,8 @@ def key_docs() -> list[KeyDoc]:
     return docs
 
 
-def _yaml_value(value) -> str:
+def yaml_value(value) -> str:
+    """``value`` as one line of YAML, as ``--set KEY=VALUE`` reads it back."""
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...").strip()
 
 
@@ -204,8 +211,9 @@ def keys_markdown() -> str:
     """The README's table of config keys (``prores config --markdown``)."""
     rows = ["| key | default | meaning |", "| --- | --- | --- |"]
     for d in key_docs():
-        choices = f"; one of {', '.join(f'`{c}`' for c in d.choices)}" if d.choices else ""
-        rows.append(f"| `{d.key}` | `{_yaml_value(d.default)}` | {d.help}{choices} |")
+        some = "any of" if isinstance(d.default, list) else "one of"
+        choices = f"; {some} {', '.join(f'`{c}`' for c in d.choices)}" if d.choices else ""
+        rows.append(f"| `{d.key}` | `{yaml_value(d.default)}` | {d.help}{choices} |")
     return "\n".join(rows)
 
 
@@ -243,11 +251,13 @@ def _coerce(key: str, value: Any, tp) -> Any:
 
 def _check_field(key: str, value: Any, meta: dict) -> None:
     choices, minimum = meta.get("choices"), meta.get("minimum")
-    if choices is not None and value not in choices:
-        hint = _did_you_mean(str(value), [str(c) for c in choices])
-        raise ConfigError(
-            f"{key}: {value!r} is not allowed; choose one of {', '.join(map(str, choices))}.{hint}"
-        )
+    for item in value if isinstance(value, list) and choices is not None else [value]:
+        if choices is not None and item not in choices:
+            hint = _did_you_mean(str(item), [str(c) for c in choices])
+            raise ConfigError(
+                f"{key}: {item!r} is not allowed; choose {'from' if isinstance(value, list) else 'one of'}"
+                f" {', '.join(map(str, choices))}.{hint}"
+            )
     if minimum is not None and value < minimum:
         raise ConfigError(f"{key}: {value!r} is below the minimum {minimum}.")
 
@@ -263,8 +273,9 @@ def _build(cls, data: dict, prefix: str):
     for name, value in data.items():
         key = f"{prefix}.{name}" if prefix else str(name)
         if name not in fields:
+            known = {f"{prefix}.{f}" if prefix else f: f for f in fields}
             raise ConfigError(
-                f"unknown config key '{key}'.{_did_you_mean(str(name), fields)}"
+                f"unknown config key '{key}'.{_did_you_mean(key, known)}"
                 f" Known keys here: {', '.join(fields)}."
             )
         tp = hints[name]

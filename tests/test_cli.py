@@ -17,9 +17,9 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from conftest import NO_SLURM, deepspeed_launcher, need, run_cli, slurm_available, srun, torchrun, train_args
 from prores.config import key_docs, keys_markdown, load_config
-from prores.launcher.cli import default_run_dir
-from prores.launcher.progress import Progress
-from prores.launcher.summary import Summary
+from prores.cli import default_run_dir
+from prores.run.progress import Progress
+from prores.run.summary import Summary
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 6

@@ -28,7 +28,7 @@ def test_int_is_accepted_for_float():
 @pytest.mark.parametrize(
     "override,message",
     [
-        ("model.num_layer=4", "unknown config key 'model.num_layer'. Did you mean 'num_layers'?"),
+        ("model.num_layer=4", "unknown config key 'model.num_layer'. Did you mean 'model.num_layers'?"),
         ("modle.num_layers=4", "unknown config key 'modle'. Did you mean 'model'?"),
         ("model.num_layers=deep", "model.num_layers: expected int, got 'deep' (str)."),
         ("model.num_layers=4.5", "model.num_layers: expected int, got 4.5 (float)."),
@@ -86,7 +86,7 @@ def test_cli_prints_one_line_and_no_traceback():
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
-        "prores: error: unknown config key 'model.num_layer'. Did you mean 'num_layers'?"
+        "prores: error: unknown config key 'model.num_layer'. Did you mean 'model.num_layers'?"
         " Known keys here: " + ", ".join(
             ["num_layers", "hidden_size", "ffn_hidden_size", "num_heads", "seq_length", "dropout", "norm_layout",
              "norm", "norm_eps", "init", "init_std", "position", "rope_base", "mlp", "tie_embeddings",

@@ -8,7 +8,7 @@ import torch
 
 from prores.config import ModelConfig
 from prores.model.block import Block
-from prores.parallel.sharding import shard, unshard
+from prores.model.sharding import shard, unshard
 from prores.model.prores import ProRes
 
 L, H = 8, 128

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from prores.launcher.lr import LR_SCHEDULES
+from prores.run.lr import LR_SCHEDULES
 
 TOTAL, WARMUP = 100, 10
 

@@ -10,7 +10,7 @@ import torch
 
 from conftest import run_cli
 from prores.config import load_config
-from prores.launcher.train import dropout_seed
+from prores.launcher.builders import dropout_seed
 from prores.model.block import Block
 from prores.model.gpt import Embedding, FinalNorm, Head, lm_loss
 from prores.model.prores import ProRes

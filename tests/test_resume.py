@@ -24,7 +24,7 @@ from tensorboard.backend.event_processing import event_accumulator
 import conftest
 from conftest import NO_SLURM, child_env, cli_command, need, run_cli, slurm_available, torchrun
 from prores.config import load_config
-from prores.launcher.slurm import STOP_SIGNALS, StopSignals
+from prores.run.signals import STOP_SIGNALS, StopSignals
 from prores.model.gpt import gpt_pieces
 from prores.model.prores import ProRes
 from prores.parallel.consolidate import consolidated_weights

@@ -2,8 +2,9 @@
 
 import pytest
 
-from prores.parallel.pipeline import stage_bounds, uniform_blocks
-from prores.parallel.topology import TopologyError, check_divisible, slurm_rendezvous
+from prores.parallel.pipeline import stage_bounds
+from prores.parallel.plan import uniform_blocks
+from prores.parallel.rendezvous import TopologyError, check_divisible, slurm_rendezvous
 
 SLURM = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "123456",
          "SLURM_JOB_NODELIST": "gpu[07-08]"}

@@ -19,8 +19,8 @@ from tensorboard.plugins.custom_scalar import layout_pb2
 from conftest import run_cli, train_args
 from prores.config import load_config
 from prores.data.tokenizers import ByteTokenizer
-from prores.launcher.lr import LR_SCHEDULES
-from prores.launcher.train import run_data
+from prores.run.lr import LR_SCHEDULES
+from prores.launcher.builders import build_data
 from prores.model.block import Block
 from prores.model.gpt import gpt_pieces, lm_loss
 from prores.model.prores import ProRes
@@ -145,7 +145,7 @@ def test_first_steps_match_a_plain_pytorch_reference(run, world_of_one):
     run_dir, scalars, _ = run
     cfg = load_config(None, OVERRIDES)
     tok = ByteTokenizer()
-    data = run_data(cfg, run_dir, tok).train  # the run's own cached dataset
+    data = build_data(cfg, run_dir, tok).train  # the run's own cached dataset
     prores = ProRes(cfg.prores.schedule, cfg.prores.T, cfg.model.num_layers)
     modules = [p.cls(**p.kwargs) for p in gpt_pieces(cfg.model, prores, tok.vocab_size, cfg.train.seed)]
     names = ["embedding"] + [f"layer_{l:03d}" for l in range(1, cfg.model.num_layers + 1)] + ["final_norm", "head"]

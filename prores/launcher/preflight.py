@@ -18,9 +18,9 @@ from prores.config import Config
 from prores.data.sources import check_sources, resolve_sources
 from prores.data.tokenizers import load_tokenizer
 from prores.errors import UsageError
-from prores.launcher.checkpoint import Checkpoints, Found
-from prores.launcher.summary import read_summary
-from prores.parallel.topology import launched_as
+from prores.parallel.rendezvous import launched_as
+from prores.run.checkpoint import Checkpoints, Found
+from prores.run.summary import read_summary
 
 
 # keys that change memory, not numbers (the parity tests prove it), so a resume may change them

@@ -1,7 +1,8 @@
 """The training loop: the model's pieces in a DeepSpeed pipeline engine, driven step by step.
 
 :meth:`Trainer.fit` is the plain loop; logging, diagnostics, checkpoint policy,
-stop signals and divergence are callbacks (:mod:`prores.launcher.callbacks`).
+stop signals and divergence are callbacks (:mod:`prores.run.callbacks`, chosen by
+``train.callbacks`` from :mod:`prores.monitor.registry`).
 
 TensorBoard step convention: everything logged at step t was computed by the
 model after t completed optimizer steps, with alpha(l, t). So ``train/*`` at
@@ -21,94 +22,21 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-import numpy
 import torch
 from megatron.core import parallel_state
 
 from prores.config import Config, config_text, dump_config
-from prores.errors import UsageError
-from prores.data.sources import build_run_data
 from prores.data.tokenizers import load_tokenizer
-from prores.launcher.callbacks import (BestValidation, Callback, SaveCheckpoints, ShowProgress, StopOnSignal,
-                                      StopWhenNonFinite)
-from prores.launcher.checkpoint import Checkpoints, Found
-from prores.launcher.lr import LR_SCHEDULES
+from prores.errors import UsageError
+from prores.launcher.builders import build_data, build_engine, build_model, start_processes
 from prores.launcher.preflight import clean_up_failed_start, preflight
-from prores.launcher.summary import SUMMARY, Summary
-from prores.model import fused
-from prores.model.block import Block
-from prores.model.gpt import gpt_pieces, lm_loss
-from prores.model.prores import ProRes, ProResScheduler
-from prores.monitor.heatmaps import Heatmaps
-from prores.monitor.layer_stats import LayerDiagnostics
-from prores.monitor.run_scalars import LogScalars
-from prores.monitor.spikes import SpikeScores
+from prores.monitor.registry import build_callbacks
 from prores.monitor.tensorboard import RunWriter, mark_resume
-from prores.parallel import topology as topo_mod
-from prores.parallel.grad_norm import GlobalNormAdamW, count_parameters
-from prores.parallel.pipeline import build_pipeline
-from prores.parallel.plan import blocks_per_stage
+from prores.parallel.grad_norm import count_parameters
 from prores.parallel.zero_reshard import load_with_other_dp
-
-
-def clips_itself(cfg: Config) -> bool:
-    """ZeRO-0 fp32: DeepSpeed's clip there misses parameters (see prores.parallel.grad_norm)."""
-    return cfg.parallel.zero_stage == 0 and cfg.train.precision == "fp32"
-
-
-def deepspeed_config(cfg: Config) -> dict:
-    return {
-        "train_micro_batch_size_per_gpu": cfg.train.micro_batch_size,
-        "gradient_accumulation_steps": cfg.train.grad_accum,
-        "gradient_clipping": 0.0 if clips_itself(cfg) else cfg.optim.clip_grad,
-        "zero_optimization": {"stage": cfg.parallel.zero_stage},
-        "bf16": {"enabled": cfg.train.precision == "bf16"},
-        "steps_per_print": 2**31 - 1,
-        "wall_clock_breakdown": False,
-    }
-
-
-def param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Decay matrices only; norm gains and biases are vectors and are not decayed."""
-    decay = [p for p in module.parameters() if p.dim() >= 2]
-    other = [p for p in module.parameters() if p.dim() < 2]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}]
-
-
-def build_optimizer(cfg: Config, module: torch.nn.Module, topo) -> torch.optim.Optimizer:
-    """AdamW with the paper's defaults; clipping is DeepSpeed's except where prores must do it."""
-    o = cfg.optim
-    groups, adamw = param_groups(module, o.weight_decay), dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps)
-    if clips_itself(cfg):
-        return GlobalNormAdamW(groups, max_norm=o.clip_grad, tp_rank=topo.tp_rank,
-                               model_parallel_group=parallel_state.get_model_parallel_group(), **adamw)
-    return torch.optim.AdamW(groups, **adamw)
-
-
-def lr_lambda(cfg: Config):
-    fn, o = LR_SCHEDULES[cfg.optim.lr_schedule], cfg.optim
-    return lambda step: fn(step, cfg.train.steps, o.warmup_steps, o.min_lr_ratio, o.decay_fraction)
-
-
-def dropout_seed(seed: int, topo) -> int:
-    """The default generator's seed, which draws the dropout masks (weights are seeded per parameter):
-    its own stream on every data-parallel rank and pipeline stage, the same on the tensor-parallel ranks
-    of a stage, whose hidden dropout acts on the same replicated activations (as in Megatron)."""
-    return int(numpy.random.SeedSequence([seed, topo.pp_rank, topo.dp_rank]).generate_state(1)[0])
-
-
-def run_data(cfg: Config, run_dir: Path, tokenizer, dp_rank: int = 0, dp: int = 1):
-    """The run's batches; dataset caches (and the preprocessed raw corpus) live in run_dir/cache."""
-    return build_run_data(cfg.data, tokenizer, seq_length=cfg.model.seq_length,
-                          micro_batch_size=cfg.train.micro_batch_size,
-                          train_samples=cfg.train.steps * cfg.train.global_batch(dp), seed=cfg.train.seed,
-                          cache_dir=run_dir / "cache", dp_rank=dp_rank, dp_size=dp)
-
-
-def default_callbacks(cfg: Config) -> list[Callback]:
-    """In order: what logs a step comes before what may veto its checkpoint, which comes before the save."""
-    return [LogScalars(), SpikeScores(cfg.monitor.spike_sigma, cfg.monitor.spike_window), LayerDiagnostics(),
-            Heatmaps(), ShowProgress(), BestValidation(), StopWhenNonFinite(), SaveCheckpoints(), StopOnSignal()]
+from prores.run.callbacks import Callback
+from prores.run.checkpoint import Checkpoints, Found
+from prores.run.summary import SUMMARY, Summary
 
 
 class Trainer:
@@ -120,53 +48,42 @@ class Trainer:
 
     def __init__(self, cfg: Config, run_dir: Path, resume: bool = True, overwrite: bool = False,
                  callbacks: Optional[Sequence[Callback]] = None):
-        import deepspeed
+        self.cfg, self.run_dir, self.stop_status, self.last_eval = cfg, Path(run_dir), None, {}
+        self.topo = start_processes(cfg)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.checkpoints = Checkpoints(self.run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every)
+        found = self._starting_point(resume, overwrite)
+        tokenizer = load_tokenizer(cfg.data.tokenizer)
+        self.data = build_data(cfg, self.run_dir, tokenizer, self.topo.dp_rank, self.topo.dp)
+        model = build_model(cfg, self.topo, tokenizer.vocab_size, self.device)
+        self.say(f"kernels.backend={cfg.kernels.backend}: using {model.backend} ({model.backend_reason})")
+        self.module, self.blocks, self.prores = model.module, model.blocks, model.prores
+        self.engine = build_engine(cfg, self.module, self.topo)
+        self.callbacks = build_callbacks(cfg) if callbacks is None else list(callbacks)
+        self._call_before_updates()
+        self.tokens_per_step = cfg.train.global_batch(self.topo.dp) * cfg.model.seq_length
+        if found is not None:
+            self._resume(found)
+        self.writer = RunWriter(self.run_dir, self.topo.rank, self.topo.is_loss_writer, self.topo.is_stage_writer)
+        self.parameters = count_parameters(list(self.module.parameters()), self.topo.tp_rank,
+                                           parallel_state.get_model_parallel_group())
 
-        self.cfg, self.run_dir = cfg, run_dir
-        self.callbacks = list(default_callbacks(cfg) if callbacks is None else callbacks)
-        self.stop_status: Optional[str] = None
-        self.topo = topo_mod.init(cfg.parallel.tp, cfg.parallel.pp)
-        torch.manual_seed(dropout_seed(cfg.train.seed, self.topo))
-        self.checkpoints = Checkpoints(run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every)
+    def _starting_point(self, resume: bool, overwrite: bool) -> Optional[Found]:
+        """The checkpoint to resume from (preflight checked that it fits), after ``--overwrite`` cleared the
+        run directory's checkpoints, events and summary."""
         if overwrite and not resume:
             self.checkpoints.remove_all()
             if self.topo.rank == 0:
-                for old in [*run_dir.glob("events.out.tfevents.*"), run_dir / SUMMARY]:
+                for old in [*self.run_dir.glob("events.out.tfevents.*"), self.run_dir / SUMMARY]:
                     old.unlink(missing_ok=True)
-        found = self.checkpoints.newest_good(self.say) if resume else None  # preflight checked it fits
+        return self.checkpoints.newest_good(self.say) if resume else None
 
-        tokenizer = load_tokenizer(cfg.data.tokenizer)
-        self.data = run_data(cfg, run_dir, tokenizer, self.topo.dp_rank, self.topo.dp)
-
-        m = cfg.model
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.backend, why = fused.resolve_backend(cfg.kernels.backend, device)
+    def _resume(self, found: Found) -> None:
+        self.load(found)
         if self.topo.rank == 0:
-            print(f"kernels.backend={cfg.kernels.backend}: using {self.backend} ({why})")
-        pieces = gpt_pieces(m, ProRes(cfg.prores.schedule, cfg.prores.T, m.num_layers), tokenizer.vocab_size,
-                            cfg.train.seed, self.backend)
-        self.module = build_pipeline(pieces, lm_loss, self.topo, is_block=lambda p: p.cls is Block,
-                                     blocks_per_stage=blocks_per_stage(cfg, tokenizer.vocab_size),
-                                     recompute=[Block.__name__] if m.recompute == "block" else [])
-        self.blocks = {b.layer_number: b for b in self.module.modules() if isinstance(b, Block)}
-        self.prores = ProResScheduler(ProRes(cfg.prores.schedule, cfg.prores.T, m.num_layers), self.blocks)
-        optimizer = build_optimizer(cfg, self.module, self.topo)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
-        self.engine, _, _, _ = deepspeed.initialize(model=self.module, optimizer=optimizer, lr_scheduler=scheduler,
-                                                    config=deepspeed_config(cfg))
-        self._call_before_updates()
-        self.device = device
-        self.tokens_per_step = cfg.train.global_batch(self.topo.dp) * cfg.model.seq_length
-        if found is not None:
-            self.load(found)
-            if self.topo.rank == 0:
-                mark_resume(run_dir, self.step)
-            torch.distributed.barrier()
-            time.sleep(1.05)  # see mark_resume: the writers' files must sort after the marker
-        self.writer = RunWriter(run_dir, self.topo.rank, self.topo.is_loss_writer, self.topo.is_stage_writer)
-        self.last_eval: dict[str, float] = {}
-        self.parameters = count_parameters(list(self.module.parameters()), self.topo.tp_rank,
-                                           parallel_state.get_model_parallel_group())
+            mark_resume(self.run_dir, self.step)
+        torch.distributed.barrier()
+        time.sleep(1.05)  # see mark_resume: the writers' files must sort after the marker
 
     def _call_before_updates(self) -> None:
         """DeepSpeed's engine calls ``optimizer.step()`` between its gradient reduction and the update,

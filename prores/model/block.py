@@ -19,14 +19,16 @@ from prores.model.prores import ProRes
 
 
 class Block(nn.Module):
-    """Block ``layer`` (global, 1-based) of ``model_cfg.num_layers``.
+    """Block ``layer`` (global, 1-based) of ``model_cfg.num_layers``, on tensor-parallel rank ``tp[0]`` of
+    ``tp[1]`` (as Megatron's parallel_state has them: its layers size themselves from it).
 
     ``alpha`` is ``None`` (exactly 1, no multiply) or a 0-dim fp32 tensor set by
     :meth:`set_step` from the ProRes schedule; it is never a parameter or a
     buffer, so neither the optimizer, a dtype cast nor a checkpoint touches it.
     """
 
-    def __init__(self, model_cfg, prores: ProRes, layer: int, seed: int, backend: str = "eager"):
+    def __init__(self, model_cfg, prores: ProRes, layer: int, seed: int, backend: str = "eager",
+                 tp: tuple[int, int] = (0, 1)):
         super().__init__()
         if prores.num_layers != model_cfg.num_layers:
             raise ValueError("ProRes and the model disagree on the number of blocks")
@@ -45,7 +47,7 @@ class Block(nn.Module):
         for name in self.layout.norms:
             self.add_module(name, Norm(model_cfg.norm, model_cfg.hidden_size, model_cfg.norm_eps,
                                        self.layout.norm_out_scale(layer)))
-        init_piece(self, model_cfg, layer, seed)
+        init_piece(self, model_cfg, layer, seed, tp)
         self.alpha: Optional[torch.Tensor] = None
         self.set_step(0)
 

@@ -28,13 +28,8 @@ from typing import Optional
 import torch
 
 from prores.errors import UsageError
+from prores.model.kernels import BACKENDS
 from prores.model.norm import Norm
-
-BACKENDS = {
-    "eager": "prores.model.kernels.reference",
-    "compile": "prores.model.kernels.compiled",
-    "triton": "prores.model.kernels.triton_ops",
-}
 
 
 class FusedOps:

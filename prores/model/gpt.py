@@ -30,7 +30,7 @@ from prores.model.size import padded_vocab_size
 class Embedding(nn.Module):
     """Tokens [b, s] -> hidden [s, b, h]. Layer index 0."""
 
-    def __init__(self, model_cfg, vocab_size: int, seed: int):
+    def __init__(self, model_cfg, vocab_size: int, seed: int, tp: tuple[int, int] = (0, 1)):
         super().__init__()
         config = megatron_config(model_cfg)
         self.dropout = model_cfg.dropout
@@ -39,7 +39,7 @@ class Embedding(nn.Module):
                                                       init_method=config.init_method, config=config)
         self.position_embeddings = nn.Embedding(model_cfg.seq_length, model_cfg.hidden_size) \
             if model_cfg.position == "learned" else None
-        init_piece(self, model_cfg, 0, seed)
+        init_piece(self, model_cfg, 0, seed, tp)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.word_embeddings(tokens)
@@ -61,11 +61,11 @@ def tied_head_forward(embedding: Embedding, hidden: torch.Tensor) -> torch.Tenso
 class FinalNorm(nn.Module):
     """The norm after the last block of pre-style layouts. Layer index L+1."""
 
-    def __init__(self, model_cfg, seed: int, backend: str = "eager"):
+    def __init__(self, model_cfg, seed: int, backend: str = "eager", tp: tuple[int, int] = (0, 1)):
         super().__init__()
         self.ops = fused.ops(backend)
         self.norm = Norm(model_cfg.norm, model_cfg.hidden_size, model_cfg.norm_eps)
-        init_piece(self, model_cfg, model_cfg.num_layers + 1, seed)
+        init_piece(self, model_cfg, model_cfg.num_layers + 1, seed, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.ops.norm(x, self.norm)
@@ -74,12 +74,12 @@ class FinalNorm(nn.Module):
 class Head(nn.Module):
     """Hidden [s, b, h] -> vocab-parallel logits [s, b, V/tp]. Layer index L+1."""
 
-    def __init__(self, model_cfg, vocab_size: int, seed: int):
+    def __init__(self, model_cfg, vocab_size: int, seed: int, tp: tuple[int, int] = (0, 1)):
         super().__init__()
         config = megatron_config(model_cfg)
         self.linear = ColumnParallelLinear(model_cfg.hidden_size, vocab_size, config=config,
                                            init_method=config.init_method, bias=False, gather_output=False)
-        init_piece(self, model_cfg, model_cfg.num_layers + 1, seed)
+        init_piece(self, model_cfg, model_cfg.num_layers + 1, seed, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x.to(self.linear.weight.dtype))[0]
@@ -99,19 +99,21 @@ class Piece:
     tied_forward: Optional[Callable] = None
 
 
-def gpt_pieces(model_cfg, prores: ProRes, vocab_size: int, seed: int, backend: str = "eager") -> list[Piece]:
-    """``backend`` is a resolved :mod:`prores.model.fused` backend name."""
+def gpt_pieces(model_cfg, prores: ProRes, vocab_size: int, seed: int, backend: str = "eager",
+               tp: tuple[int, int] = (0, 1)) -> list[Piece]:
+    """``backend`` is a resolved :mod:`prores.model.fused` backend name; ``tp`` is (rank, size) of this
+    process's tensor-parallel group, which every piece's init cuts its shard for."""
     vocab = padded_vocab_size(vocab_size, model_cfg.vocab_multiple)
-    embed_kwargs = dict(model_cfg=model_cfg, vocab_size=vocab, seed=seed)
+    embed_kwargs = dict(model_cfg=model_cfg, vocab_size=vocab, seed=seed, tp=tp)
     tie = "embed" if model_cfg.tie_embeddings else None
     tied = dict(tie_key=tie, tied_attr="word_embeddings.weight" if tie else None)
     pieces = [Piece(Embedding, embed_kwargs, **tied)]
-    pieces += [Piece(Block, dict(model_cfg=model_cfg, prores=prores, layer=l, seed=seed, backend=backend))
+    pieces += [Piece(Block, dict(model_cfg=model_cfg, prores=prores, layer=l, seed=seed, backend=backend, tp=tp))
                for l in range(1, model_cfg.num_layers + 1)]
     if LAYOUTS[model_cfg.norm_layout].final_norm:
-        pieces.append(Piece(FinalNorm, dict(model_cfg=model_cfg, seed=seed, backend=backend)))
+        pieces.append(Piece(FinalNorm, dict(model_cfg=model_cfg, seed=seed, backend=backend, tp=tp)))
     if tie:
         pieces.append(Piece(Embedding, embed_kwargs, **tied, tied_forward=tied_head_forward))
     else:
-        pieces.append(Piece(Head, dict(model_cfg=model_cfg, vocab_size=vocab, seed=seed)))
+        pieces.append(Piece(Head, dict(model_cfg=model_cfg, vocab_size=vocab, seed=seed, tp=tp)))
     return pieces

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-NORM_KINDS = ("layernorm", "rmsnorm")
+from prores.model.kernels import NORMS
 
 
 class Norm(nn.Module):
@@ -17,8 +17,8 @@ class Norm(nn.Module):
 
     def __init__(self, kind: str, hidden_size: int, eps: float, out_scale: float = 1.0):
         super().__init__()
-        if kind not in NORM_KINDS:
-            raise ValueError(f"unknown norm {kind!r}; known: {', '.join(NORM_KINDS)}")
+        if kind not in NORMS:
+            raise ValueError(f"unknown norm {kind!r}; known: {', '.join(NORMS)}")
         self.kind, self.eps, self.out_scale = kind, eps, out_scale
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.bias = nn.Parameter(torch.zeros(hidden_size)) if kind == "layernorm" else None

@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from megatron.core import parallel_state
 
-from prores.launcher.callbacks import Callback
+from prores.run.callbacks import Callback
 
 FAMILIES = {"act_rms": "layers/act_rms", "grad_norm": "layers/grad_norm", "alpha": "prores/alpha"}
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state
 
-from prores.launcher.callbacks import Callback
+from prores.run.callbacks import Callback
 from prores.model.block import Block
 from prores.model.gpt import Embedding, FinalNorm, Head
 from prores.parallel.grad_norm import grouped_sq_norms, reduced_grad_share

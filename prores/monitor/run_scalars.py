@@ -4,7 +4,7 @@ and, once per run, the Custom Scalars layout that shows each per-layer family as
 
 from __future__ import annotations
 
-from prores.launcher.callbacks import Callback
+from prores.run.callbacks import Callback
 
 
 class LogScalars(Callback):

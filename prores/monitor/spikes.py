@@ -14,7 +14,7 @@ from collections import deque
 
 import numpy
 
-from prores.launcher.callbacks import Callback
+from prores.run.callbacks import Callback
 
 MIN_HISTORY = 10  # a standard deviation of fewer values says little
 SERIES = ("train/loss", "train/grad_norm")
@@ -57,6 +57,10 @@ class SpikeScores(Callback):
 
     def __init__(self, sigma: float, window: int):
         self.scores = {tag: SpikeScore(sigma, window) for tag in SERIES}
+
+    @classmethod
+    def from_config(cls, cfg) -> "SpikeScores":
+        return cls(cfg.monitor.spike_sigma, cfg.monitor.spike_window)
 
     def post_step(self, trainer, step: int, metrics: dict) -> None:
         for tag, score in self.scores.items():

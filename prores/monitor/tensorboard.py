@@ -1,4 +1,5 @@
-"""TensorBoard event files in the run directory, written only by the rank that owns each number.
+"""TensorBoard event files in the run directory: written only by the rank that owns each number
+(:class:`RunWriter`), read back by the study tools (:func:`read_scalars`).
 
 Layer numbers in tags are global, 1-based, 3 digits (``layer_001``). The tags
 themselves are listed in the README's "Monitoring a deep run" section.
@@ -7,7 +8,7 @@ themselves are listed in the README's "Monitoring a deep run" section.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping, Union
+from typing import Callable, Mapping, Union
 
 # Per-layer families: one multiline chart each in the Custom Scalars tab.
 LAYER_FAMILIES = ("prores/alpha", "layers/act_rms", "layers/cos_in_out", "layers/grad_norm", "layers/update_ratio")
@@ -85,3 +86,16 @@ class RunWriter:
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+
+
+def read_scalars(run_dir: Path, wanted: Callable[[str], bool] = lambda tag: True) -> dict[str, dict[int, float]]:
+    """``{tag: {step: value}}`` of every scalar series in ``run_dir``'s event files whose tag ``wanted``
+    accepts, as TensorBoard shows them: a resume's marker (:func:`mark_resume`) drops what the run it
+    resumed had logged after its checkpoint. Empty where there is no run directory (yet)."""
+    from tensorboard.backend.event_processing import event_accumulator
+
+    if not Path(run_dir).is_dir():
+        return {}
+    acc = event_accumulator.EventAccumulator(str(run_dir), size_guidance={event_accumulator.SCALARS: 0})
+    acc.Reload()
+    return {t: {e.step: e.value for e in acc.Scalars(t)} for t in acc.Tags()["scalars"] if wanted(t)}

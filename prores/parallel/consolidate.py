@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from prores.parallel.sharding import unshard
+from prores.model.sharding import unshard
 
 
 def consolidated_weights(tag_dir: Path, pieces: Sequence[nn.Module]) -> dict[str, torch.Tensor]:

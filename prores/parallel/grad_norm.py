@@ -20,7 +20,7 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from prores.parallel.sharding import is_sharded
+from prores.model.sharding import is_sharded
 
 
 def counted(param, tp_rank: int) -> bool:

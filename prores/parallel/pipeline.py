@@ -26,12 +26,6 @@ def layer_specs(pieces) -> list[LayerSpec]:
     return specs
 
 
-def uniform_blocks(num_blocks: int, stages: int) -> list[int]:
-    """As even as possible; earlier stages take the remainder."""
-    base, extra = divmod(num_blocks, stages)
-    return [base + (1 if s < extra else 0) for s in range(stages)]
-
-
 def stage_bounds(is_block: Sequence[bool], blocks_per_stage: Sequence[int]) -> list[int]:
     """Piece index where each stage starts, then the number of pieces."""
     block_at = [i for i, b in enumerate(is_block) if b]

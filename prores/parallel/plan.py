@@ -19,10 +19,15 @@ from typing import Optional
 
 from prores.model.size import (Shape, block_activations, block_parameters, embedding_activations,
                                embedding_parameters, head_activations, head_parameters)
-from prores.parallel.pipeline import uniform_blocks
 
 HEADROOM = 0.10
 GiB = 2**30
+
+
+def uniform_blocks(num_blocks: int, stages: int) -> list[int]:
+    """As even as possible; earlier stages take the remainder."""
+    base, extra = divmod(num_blocks, stages)
+    return [base + (1 if s < extra else 0) for s in range(stages)]
 
 
 def balanced_blocks(block_params: int, first: int, last: int, num_blocks: int, stages: int) -> list[int]:

@@ -19,16 +19,14 @@ import torch
 import torch.nn.functional as F
 
 from prores.config import load_config
-from prores.data.sources import build_run_data
 from prores.data.tokenizers import load_tokenizer
 from prores.errors import UsageError
-from prores.launcher.checkpoint import Checkpoints
+from prores.launcher.builders import build_data, model_pieces, prores_schedule
 from prores.model.block import Block
-from prores.model.gpt import gpt_pieces
-from prores.model.prores import ProRes
 from prores.monitor.heatmaps import heatmap, png, rgb
 from prores.parallel import topology
 from prores.parallel.consolidate import consolidated_weights
+from prores.run.checkpoint import Checkpoints
 
 
 def _load(pieces: list, specs: list, weights: dict[str, torch.Tensor]) -> None:
@@ -66,12 +64,9 @@ def analyze(run_dir: Path) -> Path:
                          " and checkpoint.keep_every.")
     topology.init(1, 1)
     tokenizer = load_tokenizer(cfg.data.tokenizer)
-    data = build_run_data(cfg.data, tokenizer, seq_length=cfg.model.seq_length,
-                          micro_batch_size=cfg.train.micro_batch_size,
-                          train_samples=cfg.train.micro_batch_size, seed=cfg.train.seed, cache_dir=run_dir / "cache")
-    probe = data.valid[0][0]
+    probe = build_data(cfg, run_dir, tokenizer).valid[0][0]
     m = cfg.model
-    specs = gpt_pieces(m, ProRes(cfg.prores.schedule, cfg.prores.T, m.num_layers), tokenizer.vocab_size, cfg.train.seed)
+    specs = model_pieces(cfg, tokenizer.vocab_size, prores_schedule(cfg))
     pieces = [s.cls(**s.kwargs).eval() for s in specs]
     outputs = {}
     for step in [steps[-1]] + steps[:-1]:

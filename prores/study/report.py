@@ -23,12 +23,12 @@ from typing import Optional
 import yaml
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from tensorboard.backend.event_processing import event_accumulator
 
 from prores.config import load_config
 from prores.errors import UsageError
 from prores.monitor.heatmaps import heatmap, png, series_matrix
-from prores.launcher.summary import read_summary
+from prores.monitor.tensorboard import read_scalars
+from prores.run.summary import read_summary
 from prores.study.state import cell_state
 from prores.study.sweep import read_cells
 
@@ -62,13 +62,7 @@ class Run:
 
 
 def _read_events(run_dir: Path) -> dict:
-    if not run_dir.is_dir():
-        return {}
-    acc = event_accumulator.EventAccumulator(str(run_dir), size_guidance={event_accumulator.SCALARS: 0})
-    acc.Reload()
-    wanted = [t for t in acc.Tags()["scalars"]
-              if t == "valid/loss" or t.startswith(("layers/act_rms/", "prores/alpha/"))]
-    return {t: {e.step: e.value for e in acc.Scalars(t)} for t in wanted}
+    return read_scalars(run_dir, lambda t: t == "valid/loss" or t.startswith(("layers/act_rms/", "prores/alpha/")))
 
 
 def _flat_config(run_dir: Path) -> dict:

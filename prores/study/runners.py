@@ -23,17 +23,17 @@ from pathlib import Path
 
 import prores
 from prores.errors import UsageError
-from prores.launcher.summary import read_summary
+from prores.parallel.rendezvous import own_world
+from prores.run.summary import read_summary
 from prores.study.state import cell_state, finished, record_exit, record_start
 from prores.study.sweep import Cell
 
 SLURM_DIR = Path(prores.__file__).resolve().parents[1] / "slurm"  # slurm/ of the checkout prores runs from
-LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 def _cell_env(jobs: int) -> dict:
     """Each cell a world of its own, sharing the cores."""
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    env = own_world(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
     return env
 

@@ -22,9 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from tensorboard.backend.event_processing import event_accumulator
-
-from prores.launcher.summary import read_summary
+from prores.monitor.tensorboard import read_scalars
+from prores.run.summary import read_summary
 from prores.study.sweep import Cell, read_cells
 
 FINAL = ("completed", "diverged")  # a re-run skips these
@@ -75,14 +74,11 @@ class CellState:
 
 
 def last_loss(run_dir: Path) -> tuple[Optional[int], Optional[float]]:
-    if not Path(run_dir).is_dir():
+    losses = read_scalars(run_dir, lambda tag: tag == "train/loss").get("train/loss")
+    if not losses:
         return None, None
-    acc = event_accumulator.EventAccumulator(str(run_dir), size_guidance={event_accumulator.SCALARS: 0})
-    acc.Reload()
-    if "train/loss" not in acc.Tags()["scalars"]:
-        return None, None
-    last = acc.Scalars("train/loss")[-1]
-    return last.step + 1, last.value  # the loss at TensorBoard step t is that of step t + 1's update
+    last = max(losses)
+    return last + 1, losses[last]  # the loss at TensorBoard step t is that of step t + 1's update
 
 
 def cell_state(sweep_dir: Path, cell: Cell) -> CellState:

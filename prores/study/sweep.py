@@ -32,9 +32,9 @@ from typing import Any, Optional
 
 import yaml
 
-from prores.config import PACKAGED_CONFIGS, load_config
+from prores.config import PACKAGED_CONFIGS, load_config, yaml_value
 from prores.errors import UsageError
-from prores.parallel.topology import check_divisible
+from prores.parallel.rendezvous import check_divisible
 
 SPEC_KEYS = ("name", "base", "set", "grid", "seeds", "where", "slurm")
 SLURM_KEYS = {"nodes": 1, "ntasks_per_node": 8, "gpus_per_node": 8, "cpus_per_task": 8, "time": "24:00:00",
@@ -61,10 +61,6 @@ class Cell:
 
     def train_args(self) -> list[str]:
         return [self.base, *[a for o in self.overrides for a in ("--set", o)], "--run-dir", self.run_dir]
-
-
-def _value_text(value) -> str:
-    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...").strip()
 
 
 def _token(key: str, value) -> str:
@@ -145,7 +141,7 @@ def expand(spec_file: str, root: str = "runs", processes: Optional[int] = None) 
                 settings |= rule.get("set") or {}
                 slurm |= rule.get("slurm") or {}
         cell_name = "-".join(_token(k, v) for k, v in values.items()) or "cell"
-        overrides = [f"{k}={_value_text(v)}" for k, v in settings.items()]
+        overrides = [f"{k}={yaml_value(v)}" for k, v in settings.items()]
         cell = Cell(index, cell_name, str(sweep_dir / cell_name), str(spec["base"]), overrides, values, slurm)
         try:
             cfg = load_config(cell.base, tuple(overrides))

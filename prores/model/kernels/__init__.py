@@ -1,1 +1,18 @@
-"""Residual-add + norm kernels behind :mod:`prores.model.fused`: reference (eager), compiled, triton."""
+"""Residual-add + norm kernels behind :mod:`prores.model.fused`, and the two registries they implement.
+
+Both are plain names, importable without torch (``prores.config`` reads them): a backend's module is
+imported only when a run picks it.
+"""
+
+# kernels.backend -> the module that implements norm, add and add_norm
+BACKENDS = {
+    "eager": "prores.model.kernels.reference",
+    "compile": "prores.model.kernels.compiled",
+    "triton": "prores.model.kernels.triton_ops",
+}
+
+# model.norm -> what it computes
+NORMS = {
+    "layernorm": "(x - mean)/sqrt(var + eps)·γ + β",
+    "rmsnorm": "x/sqrt(mean(x²) + eps)·γ",
+}

@@ -15,12 +15,17 @@ from pathlib import Path
 from prores.errors import UsageError
 
 
-def _quiet_dependencies(verbose: bool) -> None:
-    """DeepSpeed's start-up chatter (its logger, and the prints prores silences with it) shows only
-    with --verbose; warnings about optional packages never do."""
+def _quiet_warnings() -> None:
+    """Warnings about optional packages of Megatron-core and DeepSpeed never show."""
     for message in ("Transformer Engine and Apex are not installed", "full scope is deprecated",
                     ".*tp_group is None"):
         warnings.filterwarnings("ignore", message=message)
+
+
+def _quiet_dependencies(verbose: bool) -> None:
+    """For the commands that load DeepSpeed (the others do not, and config and sweep never import
+    torch): its start-up chatter (its logger, and the prints prores silences with it) shows only with
+    --verbose."""
     import torch
 
     if not torch.cuda.is_available():  # said, not detected: DeepSpeed warns on every start when it detects a CPU
@@ -45,14 +50,16 @@ def default_run_dir(config: str | None, cfg) -> Path:
 
 def _cmd_train(args) -> int:
     from prores.config import load_config
-    from prores.launcher.callbacks import EXIT_DIVERGED
-    from prores.launcher.train import train
 
     if args.overwrite and not args.no_resume:
         raise UsageError("--overwrite goes with --no-resume (start afresh, deleting the old checkpoints);"
                          " without --no-resume `prores train` resumes.")
     cfg = load_config(args.config, tuple(args.set))
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.config, cfg)
+    _quiet_dependencies(args.verbose)  # torch and DeepSpeed load only once the config is known to be good
+    from prores.launcher.train import train
+    from prores.run.callbacks import EXIT_DIVERGED
+
     summary = train(cfg, run_dir, resume=not args.no_resume, overwrite=args.overwrite)
     if summary is not None and summary.status == "diverged":
         _end_torchrun_agent()
@@ -93,6 +100,7 @@ def _cmd_report(args) -> int:
 
 
 def _cmd_analyze(args) -> int:
+    _quiet_dependencies(False)
     from prores.study.analyze import analyze
 
     out = analyze(Path(args.run_dir))
@@ -221,7 +229,7 @@ def _end_torchrun_agent() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _quiet_dependencies(getattr(args, "verbose", False))
+    _quiet_warnings()
     try:
         return args.func(args)
     except UsageError as exc:

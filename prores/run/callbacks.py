@@ -20,14 +20,20 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from prores.launcher.progress import Progress
-from prores.launcher.slurm import StopSignals, requeue
+from prores.run.progress import Progress
+from prores.run.signals import StopSignals, requeue
 
 EXIT_DIVERGED = 3  # `prores train` exit status of a diverged run
 
 
 class Callback:
     name: Optional[str] = None  # set by callbacks whose state is checkpointed
+
+    @classmethod
+    def from_config(cls, cfg) -> "Callback":
+        """How a run builds it (:mod:`prores.monitor.registry`); most callbacks read the config later,
+        from ``trainer.cfg``."""
+        return cls()
 
     def on_start(self, trainer) -> None:
         pass
@@ -58,7 +64,7 @@ class Callback:
 
 
 class ShowProgress(Callback):
-    """A bar on a terminal, plain lines in a log (:mod:`prores.launcher.progress`)."""
+    """A bar on a terminal, plain lines in a log (:mod:`prores.run.progress`)."""
 
     def on_start(self, trainer) -> None:
         cfg = trainer.cfg
@@ -149,7 +155,7 @@ class SaveCheckpoints(Callback):
 
 
 class StopOnSignal(Callback):
-    """SIGUSR1/SIGTERM (:mod:`prores.launcher.slurm`): all ranks stop after the same step, save, and
+    """SIGUSR1/SIGTERM (:mod:`prores.run.signals`): all ranks stop after the same step, save, and
     under Slurm the job is requeued."""
 
     def on_start(self, trainer) -> None:

@@ -9,7 +9,6 @@ SwiGLU's fc1, whose full rows are [gate; up] and whose shard is [gate_r; up_r].
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 
 def is_sharded(param) -> bool:
@@ -38,13 +37,3 @@ def unshard(shards: list[torch.Tensor], param) -> torch.Tensor:
     shape = list(local.shape)
     shape[dim] *= len(shards)
     return stacked.reshape(shape)
-
-
-def gather_full(param: torch.Tensor, group, tp_size: int) -> torch.Tensor:
-    """The full value of a (possibly tensor-parallel) parameter, on every rank of ``group``."""
-    value = param.detach().contiguous()
-    if not is_sharded(param) or tp_size == 1:
-        return value.clone()
-    shards = [torch.empty_like(value) for _ in range(tp_size)]
-    dist.all_gather(shards, value, group=group)
-    return unshard(shards, param)

@@ -1,0 +1,130 @@
+"""The parts of one run, each built by one function of the config (and the topology where it matters).
+
+:class:`prores.launcher.train.Trainer` is these calls in order (the callbacks come from
+:func:`prores.monitor.registry.build_callbacks`); ``prores analyze`` and the tests build single parts
+with them. Every part is built once per process: the ProRes schedule in particular is one
+object, shared by the blocks and the scheduler that sets their alpha.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy
+import torch
+from megatron.core import parallel_state
+
+from prores.data.sources import RunData, build_run_data
+from prores.model import fused
+from prores.model.block import Block
+from prores.model.gpt import Piece, gpt_pieces, lm_loss
+from prores.model.prores import ProRes, ProResScheduler
+from prores.parallel import topology
+from prores.parallel.grad_norm import GlobalNormAdamW
+from prores.parallel.pipeline import build_pipeline
+from prores.parallel.plan import blocks_per_stage
+from prores.run.lr import LR_SCHEDULES
+
+def dropout_seed(seed: int, topo) -> int:
+    """The default generator's seed, which draws the dropout masks (weights are seeded per parameter):
+    its own stream on every data-parallel rank and pipeline stage, the same on the tensor-parallel ranks
+    of a stage, whose hidden dropout acts on the same replicated activations (as in Megatron)."""
+    return int(numpy.random.SeedSequence([seed, topo.pp_rank, topo.dp_rank]).generate_state(1)[0])
+
+
+def start_processes(cfg) -> topology.Topology:
+    """The process group, Megatron's and DeepSpeed's views of it, and this rank's dropout stream."""
+    topo = topology.init(cfg.parallel.tp, cfg.parallel.pp)
+    torch.manual_seed(dropout_seed(cfg.train.seed, topo))
+    return topo
+
+
+def build_data(cfg, run_dir: Path, tokenizer, dp_rank: int = 0, dp: int = 1) -> RunData:
+    """The run's batches for one data-parallel rank; dataset caches (and the preprocessed raw corpus) live
+    in ``run_dir/cache``."""
+    return build_run_data(cfg.data, tokenizer, seq_length=cfg.model.seq_length,
+                          micro_batch_size=cfg.train.micro_batch_size,
+                          train_samples=cfg.train.steps * cfg.train.global_batch(dp), seed=cfg.train.seed,
+                          cache_dir=Path(run_dir) / "cache", dp_rank=dp_rank, dp_size=dp)
+
+
+def prores_schedule(cfg) -> ProRes:
+    return ProRes(cfg.prores.schedule, cfg.prores.T, cfg.model.num_layers)
+
+
+def model_pieces(cfg, vocab_size: int, prores: ProRes, backend: str = "eager",
+                 tp: tuple[int, int] = (0, 1)) -> list[Piece]:
+    """The model as an ordered list of pieces (embedding, blocks, final norm, head) that a pipeline stage,
+    or one process, builds."""
+    return gpt_pieces(cfg.model, prores, vocab_size, cfg.train.seed, backend, tp)
+
+
+@dataclass
+class Model:
+    module: torch.nn.Module  # this stage's pieces, a DeepSpeed PipelineModule
+    blocks: dict[int, Block]  # this stage's blocks by global layer number
+    prores: ProResScheduler
+    backend: str  # the resolved kernels.backend ...
+    backend_reason: str  # ... and why
+
+
+def build_model(cfg, topo, vocab_size: int, device: torch.device) -> Model:
+    backend, why = fused.resolve_backend(cfg.kernels.backend, device)
+    prores = prores_schedule(cfg)
+    pieces = model_pieces(cfg, vocab_size, prores, backend, (topo.tp_rank, topo.tp))
+    module = build_pipeline(pieces, lm_loss, topo, is_block=lambda p: p.cls is Block,
+                            blocks_per_stage=blocks_per_stage(cfg, vocab_size),
+                            recompute=[Block.__name__] if cfg.model.recompute == "block" else [])
+    blocks = {b.layer_number: b for b in module.modules() if isinstance(b, Block)}
+    return Model(module, blocks, ProResScheduler(prores, blocks), backend, why)
+
+
+def clips_itself(cfg) -> bool:
+    """ZeRO-0 fp32: DeepSpeed's clip there misses parameters (see prores.parallel.grad_norm)."""
+    return cfg.parallel.zero_stage == 0 and cfg.train.precision == "fp32"
+
+
+def deepspeed_config(cfg) -> dict:
+    return {
+        "train_micro_batch_size_per_gpu": cfg.train.micro_batch_size,
+        "gradient_accumulation_steps": cfg.train.grad_accum,
+        "gradient_clipping": 0.0 if clips_itself(cfg) else cfg.optim.clip_grad,
+        "zero_optimization": {"stage": cfg.parallel.zero_stage},
+        "bf16": {"enabled": cfg.train.precision == "bf16"},
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+
+
+def param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Decay matrices only; norm gains and biases are vectors and are not decayed."""
+    decay = [p for p in module.parameters() if p.dim() >= 2]
+    other = [p for p in module.parameters() if p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}]
+
+
+def build_optimizer(cfg, module: torch.nn.Module, topo) -> torch.optim.Optimizer:
+    """AdamW with the paper's defaults; clipping is DeepSpeed's except where prores must do it."""
+    o = cfg.optim
+    groups, adamw = param_groups(module, o.weight_decay), dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps)
+    if clips_itself(cfg):
+        return GlobalNormAdamW(groups, max_norm=o.clip_grad, tp_rank=topo.tp_rank,
+                               model_parallel_group=parallel_state.get_model_parallel_group(), **adamw)
+    return torch.optim.AdamW(groups, **adamw)
+
+
+def lr_lambda(cfg):
+    fn, o = LR_SCHEDULES[cfg.optim.lr_schedule], cfg.optim
+    return lambda step: fn(step, cfg.train.steps, o.warmup_steps, o.min_lr_ratio, o.decay_fraction)
+
+
+def build_engine(cfg, module: torch.nn.Module, topo):
+    """The optimizer, its learning-rate schedule and DeepSpeed's pipeline engine around ``module``."""
+    import deepspeed
+
+    optimizer = build_optimizer(cfg, module, topo)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+    engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler,
+                                           config=deepspeed_config(cfg))
+    return engine

@@ -1,0 +1,38 @@
+"""Every callback a run can use, by name, in the order they run; ``train.callbacks`` picks which.
+
+The order matters and is stated here only: what logs a step runs before what may veto its checkpoint
+(a divergence), which runs before the save, which runs before a stop signal's save-and-exit. A run
+calls its callbacks in this order whatever the order of its ``train.callbacks`` list.
+
+Names and import paths only, so that ``prores.config`` validates the list without importing torch;
+a class is imported when a run builds it (:func:`build_callbacks`).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+CALLBACKS = {
+    "scalars": ("prores.monitor.run_scalars:LogScalars",
+                "train/*, valid/*, eval/* and prores/alpha/* in TensorBoard"),
+    "spikes": ("prores.monitor.spikes:SpikeScores", "loss and grad-norm spike scores (monitor.spike_*)"),
+    "layer_stats": ("prores.monitor.layer_stats:LayerDiagnostics",
+                    "layers/* per block every logging.stats_interval steps"),
+    "heatmaps": ("prores.monitor.heatmaps:Heatmaps", "layer x step images of act RMS, grad norm and alpha"),
+    "progress": ("prores.run.callbacks:ShowProgress", "a progress bar on a terminal, plain lines in a log"),
+    "best_valid": ("prores.run.callbacks:BestValidation", "the best validation loss and its step, in the summary"),
+    "nonfinite": ("prores.run.callbacks:StopWhenNonFinite", "train.on_nonfinite: stop or skip a non-finite step"),
+    "checkpoint": ("prores.run.callbacks:SaveCheckpoints", "a checkpoint every checkpoint.interval steps and at"
+                                                           " the end"),
+    "signals": ("prores.run.callbacks:StopOnSignal", "SIGUSR1/SIGTERM: every rank saves after the same step and"
+                                                     " exits (Slurm: requeue)"),
+}
+
+
+def build_callbacks(cfg) -> list:
+    """The callbacks ``train.callbacks`` names, built from ``cfg``, in the registry's order."""
+    out = []
+    for name in (n for n in CALLBACKS if n in cfg.train.callbacks):
+        module, cls = CALLBACKS[name][0].split(":")
+        out.append(getattr(importlib.import_module(module), cls).from_config(cfg))
+    return out
