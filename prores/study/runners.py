@@ -24,6 +24,7 @@ from pathlib import Path
 import prores
 from prores.errors import UsageError
 from prores.parallel.rendezvous import own_world
+from prores.run.progress import Progress
 from prores.run.summary import read_summary
 from prores.study.state import cell_state, finished, record_exit, record_start
 from prores.study.sweep import Cell
@@ -38,33 +39,6 @@ def _cell_env(jobs: int) -> dict:
     return env
 
 
-class _Progress:
-    """Over the cells: a bar on a terminal, a line per finished cell in a log."""
-
-    def __init__(self, total: int, done: int):
-        self.total, self.done = total, done
-        self.bar = None
-        if sys.stdout.isatty():
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, initial=done, desc="cells", unit="cell", dynamic_ncols=True)
-
-    def finished(self, cell: Cell, state: str) -> None:
-        self.done += 1
-        summary = read_summary(Path(cell.run_dir)) or {}
-        loss = summary.get("final_valid_loss")
-        line = f"[{self.done}/{self.total}] {cell.name}: {state}" + (f", valid loss {loss:.4f}" if loss else "")
-        if self.bar is not None:
-            self.bar.update(1)
-            self.bar.write(line)
-        else:
-            print(line, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 def run_local(sweep_dir: Path, cells: list[Cell], jobs: int = 1) -> int:
     """0 when no cell failed (a diverged cell is a result, not a failure)."""
     todo = [c for c in cells if not finished(c)]
@@ -73,7 +47,8 @@ def run_local(sweep_dir: Path, cells: list[Cell], jobs: int = 1) -> int:
               flush=True)
     logs = sweep_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    progress = _Progress(len(cells), len(cells) - len(todo))
+    progress = Progress(len(cells), len(cells) - len(todo), log_interval=1, bar=True, desc="cells", unit="cell")
+    done = len(cells) - len(todo)
     running: dict[str, tuple[Cell, subprocess.Popen]] = {}
     states: Counter = Counter()
 
@@ -91,7 +66,11 @@ def run_local(sweep_dir: Path, cells: list[Cell], jobs: int = 1) -> int:
                 record_exit(sweep_dir, cell, proc.returncode)
                 state = cell_state(sweep_dir, cell).state
                 states[state] += 1
-                progress.finished(cell, state)
+                nonlocal done
+                done += 1
+                loss = (read_summary(Path(cell.run_dir)) or {}).get("final_valid_loss")
+                progress.advance(done, f"[{done}/{len(cells)}] {cell.name}: {state}"
+                                 + (f", valid loss {loss:.4f}" if loss else ""))
 
     try:
         while todo or running:
