@@ -68,9 +68,9 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_sweep(args) -> int:
-    from prores.study.runners import run_local, run_slurm
+    from prores.study.runners import run_local, run_slurm, to_start
     from prores.study.state import status_table
-    from prores.study.sweep import expand, write_cells
+    from prores.study.sweep import check_unchanged, expand, write_cells
 
     if args.target[0] == "status":
         if len(args.target) != 2:
@@ -79,15 +79,21 @@ def _cmd_sweep(args) -> int:
         return 0
     if len(args.target) != 1:
         raise UsageError("usage: prores sweep SPEC.yaml [--runner local|slurm] ... or prores sweep status SWEEP_DIR")
-    sweep_dir, cells = expand(args.target[0], args.root, processes=1 if args.runner == "local" else None)
-    cells_file = write_cells(sweep_dir, cells)
-    print(f"prores sweep: {len(cells)} cells in {sweep_dir} ({cells_file})", flush=True)
-    if args.runner == "slurm":
-        return run_slurm(sweep_dir, cells, cells_file, dry_run=args.dry_run)
-    if args.dry_run:
-        for cell in cells:
+    sweep_dir, cells = expand(args.target[0], args.root, processes=1 if args.runner == "local" else None,
+                              name=args.name)
+    check_unchanged(sweep_dir, cells, args.target[0])
+    cells_file = sweep_dir / "cells.jsonl"
+    if args.dry_run:  # writes nothing
+        print(f"prores sweep: {len(cells)} cells in {sweep_dir} (dry run)", flush=True)
+        if args.runner == "slurm":
+            return run_slurm(sweep_dir, cells, cells_file, dry_run=True)
+        for cell in to_start(sweep_dir, cells):
             print(" ".join(["prores", "train", *cell.train_args()]))
         return 0
+    write_cells(sweep_dir, cells)
+    print(f"prores sweep: {len(cells)} cells in {sweep_dir} ({cells_file})", flush=True)
+    if args.runner == "slurm":
+        return run_slurm(sweep_dir, cells, cells_file)
     return run_local(sweep_dir, cells, jobs=args.jobs)
 
 
@@ -188,7 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="local: on this machine, --jobs at a time (default); slurm: sbatch job arrays")
     p.add_argument("--jobs", type=int, default=1, help="local runner: cells at a time (default 1)")
     p.add_argument("--root", default="runs", help="the sweep directory is ROOT/<sweep name> (default: runs)")
-    p.add_argument("--dry-run", action="store_true", help="print what would run or be submitted, run nothing")
+    p.add_argument("--name", default=None, help="the sweep's name (default: the spec's `name`, or its file name):"
+                                                " a new name starts a new sweep directory beside the others")
+    p.add_argument("--dry-run", action="store_true", help="print what would run or be submitted; write and run"
+                                                          " nothing")
     p.set_defaults(func=_cmd_sweep)
 
     p = sub.add_parser("report", help="a sweep's (or run directories') results: report.md, results.csv, plots")

@@ -10,6 +10,7 @@ import io
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -194,6 +195,22 @@ def test_under_a_launcher_a_usage_error_is_its_message_without_a_traceback(finis
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and out.count(message) == 1, out[-3000:]
     assert "Traceback" not in out and "ChildFailedError" not in out, out[-3000:]
+
+
+def test_a_problem_one_rank_finds_stops_every_rank_at_once(tmp_path):
+    """Rank 1 alone lacks its data (as a file missing on one node would be): the ranks agree on the
+    preflight verdict, so rank 0 says rank 1's problem once and every rank exits, none waits in a
+    collective for its peer (which would hang until the process group's 30-minute timeout)."""
+    wrapper = tmp_path / "rank1-lacks-data.sh"
+    wrapper.write_text('extra=(); if [ "$RANK" = 1 ]; then extra=(--set "data.corpus=$1/missing.txt"); fi\n'
+                       'shift; exec python -m prores "$@" "${extra[@]}"\n')
+    launcher = ["torchrun", "--standalone", "--nproc_per_node=2", "--no-python", "bash", str(wrapper), str(tmp_path)]
+    started = time.monotonic()
+    proc = run_cli(*train_args(tmp_path / "run", TINY + ("data.eval_samples=8",)), launcher=launcher, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert time.monotonic() - started < 120
+    assert proc.returncode != 0 and "Traceback" not in out, out[-3000:]
+    assert out.count(f"prores: error: rank 1 of 2: data.corpus: '{tmp_path}/missing.txt' is neither a file") == 1
 
 
 def test_readme_keys_table_is_the_registry():

@@ -1,7 +1,9 @@
 """Residual-add + norm backends against an independent float64 reference, forward and backward.
 
 The reference is computed in float64 from the same low-precision inputs,
-upcast. Errors are normwise per tensor: max|k − ref| ≤ τ·max|ref|.
+upcast. Errors are normwise per tensor: max|k − ref| ≤ τ·max|ref|; what the
+add contributes to the stream, h − x, is checked element by element against
+alpha·f (a normwise bound on h would let a tiny alpha·f be mis-scaled).
 Triton kernels run on CPU under TRITON_INTERPRET=1 (set before triton is
 imported, by conftest), on small shapes.
 """
@@ -20,7 +22,10 @@ TAU = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 L = 12
 ALPHAS = [0.0, 1e-3, 1.0, (2 * L) ** 0.25]
 HAS_TRITON = importlib.util.find_spec("triton") is not None
-BACKENDS = ["eager", "compile"] + (["triton"] if HAS_TRITON else [])
+NO_TRITON = ("triton is not installed: `bash scripts/test.sh` installs it with the test extras on x86_64"
+             " (pip install triton==3.7.1); its kernels then run on CPU under TRITON_INTERPRET=1")
+BACKENDS = ["eager", "compile", pytest.param("triton", marks=pytest.mark.skipif(not HAS_TRITON, reason=NO_TRITON))]
+OTHER_BACKENDS = ["compile"] + (["triton"] if HAS_TRITON else [])
 # On a GPU machine, `TRITON_INTERPRET=0 pytest tests/test_fused.py` checks the compiled kernels on CUDA.
 DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
 
@@ -87,6 +92,29 @@ def test_add_norm_forward_backward(backend, rms, dtype, alpha):
         assert_normwise(name, g, r, tau)
 
 
+U32 = 2.0**-24  # unit roundoff of fp32
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("branch", [torch.float32, torch.bfloat16], ids=["fp32", "fp32-stream-bf16-branch"])
+@pytest.mark.parametrize("alpha", [1e-3, 0.1, 1.0])
+def test_the_add_contributes_exactly_alpha_f(backend, branch, alpha):
+    """h − x against alpha·f, element by element, relative to the branch itself. In fp32 arithmetic
+    h = fl(x + fl(alpha·f)) is off x + alpha·f by at most u·|alpha·f| + u·(1 + u)·|h| (two roundings
+    to nearest; one with an FMA), and h − x is exact in float64 (x and h are fp32). The branch here is ~1/5 of the stream, so at
+    alpha = 1e-3 the bound is ~1e-3 of |alpha·f| where a normwise bound on h allows ~10·|alpha·f|."""
+    x, _, w, b, dy, dh = inputs(100, 1000, torch.float32)
+    f = inputs(100, 1000, branch)[1]
+    h, _, _ = run_add_norm(backend, x, f, alpha, w, b, 1e-5, True, dy, dh)
+    a = torch.tensor(alpha, dtype=torch.float32).double()  # the fp32 alpha the kernels are given
+    added, want = h.detach().double() - x.double(), a * f.double()
+    bound = U32 * want.abs() + U32 * (1 + U32) * h.detach().double().abs()
+    worst = ((added - want).abs() / bound).max().item()
+    assert worst <= 1.0 + 1e-9, f"h - x is off alpha·f by {worst:.2f} times the fp32 rounding bound"
+    # what the bound allows, per element, is a small share of the branch: a mis-scaled alpha·f fails
+    assert (bound / want.abs().clamp_min(1e-30)).median().item() < 0.02
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("rms", [False, True], ids=["layernorm", "rmsnorm"])
 def test_an_fp32_stream_with_a_bf16_branch(backend, rms):
@@ -102,7 +130,7 @@ def test_an_fp32_stream_with_a_bf16_branch(backend, rms):
     assert_normwise("df", grads[1], rgrads[1], TAU[torch.bfloat16])
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+@pytest.mark.skipif(not HAS_TRITON, reason=NO_TRITON)
 @pytest.mark.parametrize("n", [1368, 3000, 64])
 @pytest.mark.parametrize("rms", [False, True], ids=["layernorm", "rmsnorm"])
 def test_triton_hidden_sizes_and_fp16(n, rms):
@@ -212,7 +240,7 @@ def train_losses(backend, layout, steps=6):
 def test_switching_backend_changes_nothing_but_speed(world_of_one, layout):
     eager = train_losses("eager", layout)
     assert eager[-1] < eager[0] - 0.1  # it learns
-    for backend in BACKENDS[1:]:
+    for backend in OTHER_BACKENDS:
         other = train_losses(backend, layout)
         for step, (a, b) in enumerate(zip(other, eager)):
             assert a == pytest.approx(b, rel=1e-5), f"{backend} {layout}: step {step} loss {a} vs eager {b}"

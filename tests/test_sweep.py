@@ -9,7 +9,9 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
+import shutil
 import yaml
 from PIL import Image
 from tensorboard.backend.event_processing import event_accumulator
@@ -17,7 +19,8 @@ from tensorboard.backend.event_processing import event_accumulator
 from conftest import NO_SLURM, child_env, cli_command, need, run_cli, slurm_available
 from prores.errors import UsageError
 from prores.study.runners import sbatch_commands
-from prores.study.sweep import SpecError, expand, read_cells
+from prores.monitor.tensorboard import read_scalars
+from prores.study.sweep import SpecError, expand, read_cells, write_cells
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {"model.seq_length": 32, "train.micro_batch_size": 4, "data.eval_samples": 8, "kernels.backend": "eager",
@@ -64,6 +67,7 @@ def test_one_sbatch_array_per_resource_group(tmp_path):
     sweep_dir, cells = expand(spec(tmp_path, grid={"model.num_layers": [12, 96, 24]},
                                    where=[{"when": {"model.num_layers": 96}, "slurm": {"nodes": 2, "time": "48:00:00"}}]))
     commands = sbatch_commands(sweep_dir, cells, sweep_dir / "cells.jsonl")
+    commands = [c for c, _ in commands]
     assert [c[2] for c in commands] == ["--array=0,2", "--array=1"]
     assert "--nodes=2" in commands[1] and "--time=48:00:00" in commands[1] and "--nodes=1" in commands[0]
     assert all(c[-2].endswith("slurm/sweep.sbatch") for c in commands)
@@ -211,41 +215,169 @@ def test_seeds_are_averaged_with_their_spread_and_plain_run_directories_work(loc
 
 
 def test_a_sweep_in_progress_says_so(local_sweep, tmp_path):
-    tmp, path, sweep_dir, _ = local_sweep
-    bigger = spec(tmp, "four", grid={"model.num_layers": [2, 3, 4], "prores.schedule": ["linear", "none"]}, seeds=[1],
-                  where=[{"when": {"model.num_layers": 3, "prores.schedule": "none"}, "set": {"optim.lr": 1.0e30}}])
-    proc = sweep_cli(bigger, "--root", str(sweep_dir.parent), "--dry-run")  # writes cells.jsonl, runs nothing
-    assert proc.returncode == 0
-    report = run_cli("report", str(sweep_dir), "--out", str(tmp_path), timeout=300)
+    """Six cells of which the four of the finished sweep have run: the other two are pending."""
+    tmp, _, sweep_dir, _ = local_sweep
+    bigger = spec(tmp_path, "four", grid={"model.num_layers": [2, 3, 4], "prores.schedule": ["linear", "none"]},
+                  seeds=[1], where=[{"when": {"model.num_layers": 3, "prores.schedule": "none"}, "set": {"optim.lr": 1.0e30}}])
+    grown, cells = expand(bigger, root=str(tmp_path / "runs"))
+    write_cells(grown, cells)
+    for cell in read_cells(sweep_dir):
+        shutil.copytree(cell.run_dir, grown / cell.name)
+    report = run_cli("report", str(grown), timeout=300)
     assert report.returncode == 0, report.stderr[-2000:]
-    text = (tmp_path / "report.md").read_text()
+    text = (grown / "report.md").read_text()
     assert "**In progress**: 3 completed, 1 diverged, 2 pending of 6 cells" in text
     assert "| 4 | linear |" in text and "pending 1" in text
 
 
+def test_a_dry_run_writes_nothing_and_a_changed_spec_is_refused(local_sweep, tmp_path):
+    tmp, path, sweep_dir, _ = local_sweep
+    before = (sweep_dir / "cells.jsonl").read_bytes()
+    dry = sweep_cli(path, "--root", str(sweep_dir.parent), "--dry-run")
+    assert dry.returncode == 0 and "4 of 4 cells finished already" in dry.stdout and "prores train" not in dry.stdout
+    assert (sweep_dir / "cells.jsonl").read_bytes() == before
+    fresh = sweep_cli(path, "--root", str(tmp_path / "elsewhere"), "--dry-run")
+    assert fresh.returncode == 0 and fresh.stdout.count("prores train tiny.yaml") == 4
+    assert not (tmp_path / "elsewhere").exists()  # not even a directory
+    changed = spec(tmp, "four", grid={"model.num_layers": [2, 4], "prores.schedule": ["linear", "none"]}, seeds=[1],
+                   where=[{"when": {"model.num_layers": 3, "prores.schedule": "none"}, "set": {"optim.lr": 1.0e30}}])
+    for extra in ((), ("--dry-run",)):
+        proc = sweep_cli(changed, "--root", str(sweep_dir.parent), *extra)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert proc.stderr.strip().splitlines() == [
+            f"prores: error: {sweep_dir} holds another sweep than {changed} now describes (cells added:"
+            f" L004-linear-s1, L004-none-s1; removed: L003-linear-s1, L003-none-s1): run the spec it was started"
+            " from, or start a new sweep beside it with --name NAME."]
+    assert (sweep_dir / "cells.jsonl").read_bytes() == before
+    other = sweep_cli(changed, "--root", str(sweep_dir.parent), "--name", "four-deeper", "--dry-run")
+    assert other.returncode == 0 and f"{sweep_dir.parent / 'four-deeper'}" in other.stdout
+
+
+def test_cells_record_absolute_run_directories(local_sweep, tmp_path):
+    """status and report work from any directory."""
+    _, _, sweep_dir, _ = local_sweep
+    assert all(Path(c.run_dir).is_absolute() for c in read_cells(sweep_dir))
+    proc = sweep_cli("status", str(sweep_dir), cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "3 completed, 1 diverged"
+
+
+def test_a_cell_that_failed_before_its_config_shows_in_the_report(tmp_path):
+    path = spec(tmp_path, "broken", grid={"data.corpus": ["shakespeare", str(tmp_path / "missing.txt")]})
+    proc = sweep_cli(path, "--root", str(tmp_path / "runs"), timeout=600)
+    assert proc.returncode == 1 and "1 completed, 1 failed" in proc.stdout, proc.stdout[-3000:]
+    sweep_dir = tmp_path / "runs" / "broken"
+    report = run_cli("report", str(sweep_dir), timeout=300)
+    assert report.returncode == 0 and "Traceback" not in report.stderr, report.stderr[-3000:]
+    rows = {r["name"]: r for r in csv.DictReader(open(sweep_dir / "results.csv"))}
+    failed = rows[next(n for n in rows if "missing" in n)]
+    assert failed["status"] == "failed" and failed["data.corpus"] == str(tmp_path / "missing.txt")
+    assert failed["final_valid_loss"] == ""
+    assert f"| {tmp_path / 'missing.txt'} |" in (sweep_dir / "report.md").read_text()
+
+
+@pytest.mark.parametrize("resources, message", [
+    ({"extra": "--qos=high"}, "slurm.extra: '--qos=high' is a string; give a list of sbatch options, e.g."
+                              " extra: [\"--qos=high\"]"),
+    ({"extra": ["--qos=high", 3]}, "slurm.extra: ['--qos=high', 3]: every entry must be a string (one sbatch"
+                                   " option each)"),
+    ({"nodes": "2"}, "slurm.nodes: '2' must be a whole number of at least 1"),
+    ({"gpus_per_node": -1}, "slurm.gpus_per_node: -1 must be a whole number of at least 0"),
+    ({"time": 60}, "slurm.time: 60 must be a string such as \"24:00:00\""),
+    ({"partition": ["a"]}, "slurm.partition: ['a'] must be a string (or absent)"),
+])
+def test_slurm_resources_are_type_checked(tmp_path, resources, message):
+    path = spec(tmp_path, slurm=resources)
+    proc = sweep_cli(path, "--root", str(tmp_path / "runs"), "--runner", "slurm", "--dry-run", timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"prores: error: {path}: {message}"]
+
+
+def runner_pids(sweep_dir) -> list[int]:
+    return [json.loads(p.read_text())["pid"] for p in (sweep_dir / "state").glob("*.json")]
+
+
+SLOW = TINY | {"train.steps": 200, "checkpoint.interval": 5}
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """The two cells of the signal tests, run straight through: what a stopped and resumed sweep must equal."""
+    tmp = tmp_path_factory.mktemp("straight")
+    path = spec(tmp, "slow", grid={"model.num_layers": [2]}, seeds=[1, 2], set=SLOW)
+    proc = sweep_cli(path, "--root", str(tmp / "runs"), "--jobs", "2")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    return {c.name: read_scalars(c.run_dir, lambda t: t == "train/loss")["train/loss"]
+            for c in read_cells(tmp / "runs" / "slow")}
+
+
+def default_signals(ignore=()):
+    """What a foreground job starts with (a shell started in the background ignores SIGINT), then
+    ``ignore`` ignored, as `nohup` and a background job have them."""
+    def preexec():
+        for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN if sig in ignore else signal.SIG_DFL)
+    return preexec
+
+
 @pytest.mark.slow
-def test_ctrl_c_stops_the_cells_cleanly_and_a_rerun_resumes_them(tmp_path):
-    path = spec(tmp_path, "slow", grid={"model.num_layers": [2]}, seeds=[1, 2],
-                set=TINY | {"train.steps": 400, "checkpoint.interval": 5})
+@pytest.mark.parametrize("sig, ignored", [(signal.SIGINT, ()), (signal.SIGHUP, ()),
+                                          (signal.SIGTERM, (signal.SIGINT, signal.SIGHUP))],
+                         ids=["ctrl-c", "hangup", "term-under-nohup"])
+def test_a_signal_stops_the_cells_cleanly_and_a_rerun_resumes_them(tmp_path, straight, sig, ignored):
+    path = spec(tmp_path, "slow", grid={"model.num_layers": [2]}, seeds=[1, 2], set=SLOW)
     sweep_dir = tmp_path / "runs" / "slow"
     runner = subprocess.Popen(cli_command("sweep", path, "--root", str(tmp_path / "runs")), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env=child_env())
+                              stderr=subprocess.STDOUT, text=True, env=child_env(), preexec_fn=default_signals(ignored))
     first = sweep_dir / "L002-s1" / "checkpoints" / "global_step5" / "manifest.json"
     deadline = time.monotonic() + 300
     while not first.exists():
         assert runner.poll() is None and time.monotonic() < deadline
         time.sleep(0.1)
-    runner.send_signal(signal.SIGINT)  # what a terminal's Ctrl-C sends the runner (the cells have their own session)
+    for quiet in ignored:  # ignored at the runner's start: ignored, as a background job's Ctrl-C is
+        runner.send_signal(quiet)
+        time.sleep(1)
+        assert runner.poll() is None
+    runner.send_signal(sig)
     out, _ = runner.communicate(timeout=300)
-    assert runner.returncode == 130, out
+    assert runner.returncode == 128 + sig, out
+    assert f"prores sweep: {signal.Signals(sig).name}: stopping 1 running cell" in out
     assert "run the same command again to resume" in out
+    assert all(not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+               for pid in runner_pids(sweep_dir)), "a cell outlived its runner"
     status = sweep_cli("status", str(sweep_dir)).stdout
     assert "L002-s1  stopped" in status and "L002-s2  pending" in status
     summary = json.loads((sweep_dir / "L002-s1" / "summary.json").read_text())
-    assert summary["status"] == "stopped" and 5 <= summary["steps"] < 400
+    assert summary["status"] == "stopped" and 5 <= summary["steps"] < 200
     rerun = sweep_cli(path, "--root", str(tmp_path / "runs"), "--jobs", "2")
     assert rerun.returncode == 0 and "prores sweep: 2 completed" in rerun.stdout, rerun.stdout[-3000:]
     assert f"resuming from step {summary['steps']}" in (sweep_dir / "logs" / "L002-s1.log").read_text()
+    for cell in read_cells(sweep_dir):
+        assert read_scalars(cell.run_dir, lambda t: t == "train/loss")["train/loss"] == straight[cell.name]
+
+
+@pytest.mark.slow
+def test_a_rerun_never_starts_a_cell_whose_trainer_is_alive(tmp_path):
+    """The runner died (SIGKILL) and left its cell training: a re-run leaves that cell to its trainer."""
+    path = spec(tmp_path, "alive", grid={"model.num_layers": [2]}, seeds=[1, 2], set=SLOW | {"train.steps": 2000})
+    sweep_dir = tmp_path / "runs" / "alive"
+    runner = subprocess.Popen(cli_command("sweep", path, "--root", str(tmp_path / "runs")), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, env=child_env(), preexec_fn=default_signals())
+    lock = sweep_dir / "L002-s1" / "lock"
+    deadline = time.monotonic() + 300
+    while not lock.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    runner.kill()
+    runner.wait()
+    trainer = json.loads(lock.read_text())["pid"]
+    try:
+        assert psutil.pid_exists(trainer)
+        status = sweep_cli("status", str(sweep_dir)).stdout
+        assert "L002-s1  running" in status
+        rerun = sweep_cli(path, "--root", str(tmp_path / "runs"), "--dry-run")
+        assert "1 cell is running already (L002-s1); it is not started again" in rerun.stdout
+        assert rerun.stdout.count("prores train ") == 1 and "L002-s2" in rerun.stdout
+    finally:
+        os.kill(trainer, signal.SIGKILL)
 
 
 # ------------------------------------------------------------------ the Slurm runner, on the real Slurm

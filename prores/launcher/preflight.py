@@ -1,10 +1,13 @@
-"""What `prores train` checks before a process group, DeepSpeed or any op build starts.
+"""What `prores train` checks before DeepSpeed, Megatron or any op build starts.
 
-Every rank runs it alone, on files only, so that bad input is one clear error
-within seconds whatever the launcher and the extension cache: the launch
-against tp × pp, the run directory (finished, a checkpoint of another model or
-layout, checkpoints under --no-resume) and the data (files, tokenizer, enough
-of it in every split). Raw text is preprocessed into the run's cache here.
+First rank 0 takes the run directory's lock (:mod:`prores.run.lock`): nothing
+else is read or written before it is known that no other trainer holds the
+directory. Then every rank checks, on files only, the launch against tp × pp,
+the run directory (finished, a checkpoint of another model or layout,
+checkpoints under --no-resume) and the data (files, tokenizer, enough of it in
+every split); raw text is preprocessed into the run's cache here. Each step's
+verdict is agreed by all ranks (:func:`agreed`), so that a problem one rank
+finds stops every rank at once, with that rank's message.
 """
 
 from __future__ import annotations
@@ -12,16 +15,20 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional, TypeVar
 
 from prores.config import Config
 from prores.data.sources import check_sources, resolve_sources
 from prores.data.tokenizers import load_tokenizer
 from prores.errors import UsageError
 from prores.parallel.rendezvous import launched_as
+from prores.parallel.topology import agree
 from prores.run.checkpoint import Checkpoints, Found
+from prores.run.lock import RunLock
 from prores.run.summary import read_summary
 
+
+T = TypeVar("T")
 
 # keys that change memory, not numbers (the parity tests prove it), so a resume may change them
 MAY_CHANGE_ON_RESUME = {"model.recompute"}
@@ -82,6 +89,26 @@ def check_run_dir(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, dp:
 
 def completed(run_dir: Path) -> bool:
     return (read_summary(run_dir) or {}).get("status") == "completed"
+
+
+def agreed(check: Callable[[], T]) -> T:
+    """``check()`` on every rank, its verdict agreed: every rank raises the first failing rank's message,
+    or every rank goes on with its result. A world of one needs no process group for it."""
+    try:
+        result, problem = check(), None
+    except UsageError as exc:
+        result, problem = None, str(exc)
+    problem = agree(problem)
+    if problem is not None:
+        raise UsageError(problem)
+    return result
+
+
+def take_lock(cfg: Config, lock: RunLock) -> None:
+    """Rank 0 takes the run directory for this run (:class:`prores.run.lock.RunLock`)."""
+    rank, _ = launched_as(cfg.parallel.tp, cfg.parallel.pp)
+    if rank == 0:
+        lock.acquire()
 
 
 def preflight(cfg: Config, run_dir: Path, resume: bool = True, overwrite: bool = False) -> Plan:

@@ -29,13 +29,14 @@ from prores.config import Config, config_text, dump_config
 from prores.data.tokenizers import load_tokenizer
 from prores.errors import UsageError
 from prores.launcher.builders import build_data, build_engine, build_model, start_processes
-from prores.launcher.preflight import clean_up_failed_start, preflight
+from prores.launcher.preflight import Plan, agreed, clean_up_failed_start, preflight, take_lock
 from prores.monitor.registry import build_callbacks
 from prores.monitor.tensorboard import RunWriter, mark_resume
 from prores.parallel.grad_norm import count_parameters
 from prores.parallel.zero_reshard import load_with_other_dp
 from prores.run.callbacks import Callback
 from prores.run.checkpoint import Checkpoints, Found
+from prores.run.lock import RunLock
 from prores.run.summary import SUMMARY, Summary
 
 
@@ -219,19 +220,29 @@ def _rate(tokens_per_sec: Optional[float]) -> str:
 
 
 def train(cfg: Config, run_dir: Path, resume: bool = True, overwrite: bool = False) -> Optional[Summary]:
-    """One run in ``run_dir``; None when the run was finished already (nothing is touched then)."""
+    """One run in ``run_dir``, holding its lock; None when the run was finished already (nothing is touched
+    then)."""
     created = not run_dir.exists()
+    lock = RunLock(run_dir)
     try:
-        plan = preflight(cfg, run_dir, resume, overwrite)
+        agreed(lambda: take_lock(cfg, lock))
+        plan = agreed(lambda: preflight(cfg, run_dir, resume, overwrite))
     except UsageError:
+        lock.release()
         clean_up_failed_start(run_dir, created, int(os.environ.get("WORLD_SIZE", "1")))
         raise
+    try:
+        return _train(cfg, run_dir, plan, resume, overwrite)
+    finally:
+        lock.release()
+
+
+def _train(cfg: Config, run_dir: Path, plan: Plan, resume: bool, overwrite: bool) -> Optional[Summary]:
     if plan.finished:
         if plan.rank == 0:
             print(f"run directory {run_dir} is finished (step {plan.newest.step}, train.steps={cfg.train.steps});"
                   " its summary.json is left as it was. A longer run needs a new --run-dir.")
         return None
-    run_dir.mkdir(parents=True, exist_ok=True)
     if plan.rank == 0:
         print(f"run directory {run_dir}", flush=True)
     trainer = Trainer(cfg, run_dir, resume=resume, overwrite=overwrite)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
-from prores.parallel.rendezvous import TopologyError, launched_as
+from prores.parallel.rendezvous import RENDEZVOUS_VARS, TopologyError, launched_as
 
 
 @dataclass(frozen=True)
@@ -42,12 +43,10 @@ class Topology:
         return self.is_stage_writer and self.is_last_stage
 
 
-def init(tp: int, pp: int) -> Topology:
+def connect() -> None:
+    """torch.distributed's default process group (gloo on CPUs, NCCL on GPUs), started once."""
     import deepspeed
-    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
-    from megatron.core import parallel_state
 
-    _, dp = launched_as(tp, pp)
     if not torch.cuda.is_available():
         # DeepSpeed JIT-builds its shared-memory collectives op on CPUs when it starts (30 s or more on a
         # cold extension cache); the op serves only deepspeed.comm.inference_all_reduce, which prores
@@ -55,11 +54,36 @@ def init(tp: int, pp: int) -> Topology:
         import deepspeed.ops
 
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo",
                                    verbose=False)
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def agree(problem: Optional[str]) -> Optional[str]:
+    """Every rank's verdict on its own checks, made one, so that all ranks go on or all stop: None when
+    every rank passed, else the first failing rank's message (with its rank, when others passed).
+    Collective over the launched world (whose variables :func:`launched_as` has checked)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1 or not all(v in os.environ for v in RENDEZVOUS_VARS):
+        return problem
+    connect()
+    verdicts: list = [None] * world
+    torch.distributed.all_gather_object(verdicts, problem)
+    failed = [(rank, p) for rank, p in enumerate(verdicts) if p is not None]
+    if not failed:
+        return None
+    rank, first = failed[0]
+    return first if len(failed) == world else f"rank {rank} of {world}: {first}"
+
+
+def init(tp: int, pp: int) -> Topology:
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+    from megatron.core import parallel_state
+
+    _, dp = launched_as(tp, pp)
+    connect()
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     ds_topo = PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)

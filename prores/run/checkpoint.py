@@ -14,7 +14,6 @@ it, is not a checkpoint: resume says so, sets it aside as
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import shutil
@@ -27,21 +26,14 @@ import numpy
 import torch
 import torch.distributed as dist
 
+from prores.run.files import write_atomic
+
 MANIFEST = "manifest.json"
 _TAG = re.compile(r"^global_step(\d+)$")
 
 
 def tag_of(step: int) -> str:
     return f"global_step{step}"
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def _crc32(path: Path) -> int:
@@ -154,8 +146,8 @@ class Checkpoints:
         dist.barrier()  # every rank's files are on disk
         sums = _checksums(tag_dir, _files(tag_dir))
         if dist.get_rank() == 0:
-            _write_atomic(tag_dir / MANIFEST, json.dumps({"step": step, **meta, "files": sums}, indent=1))
-            _write_atomic(self.root / "latest", tag)
+            write_atomic(tag_dir / MANIFEST, json.dumps({"step": step, **meta, "files": sums}, indent=1))
+            write_atomic(self.root / "latest", tag)
             self._prune(keep=step)
         dist.barrier()
         return tag_dir

@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from prores.run.files import write_atomic
+
 SUMMARY = "summary.json"
 
 
@@ -33,7 +35,7 @@ class Summary:
 
     def write(self, run_dir: Path) -> None:
         finite = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in asdict(self).items()}
-        (run_dir / SUMMARY).write_text(json.dumps(finite, indent=2, allow_nan=False))
+        write_atomic(run_dir / SUMMARY, json.dumps(finite, indent=2, allow_nan=False))
 
 
 def read_summary(run_dir: Path) -> Optional[dict]:

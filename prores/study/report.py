@@ -52,8 +52,9 @@ class Run:
         return self.state == "completed"
 
     @property
-    def depth(self) -> int:
-        return self.config[DEPTH]
+    def depth(self) -> Optional[int]:
+        """From the resolved config, or, for a cell that failed before it wrote one, from its grid values."""
+        return self.config.get(DEPTH, self.grid.get(DEPTH))
 
     def last(self, prefix: str) -> dict[int, float]:
         """The last logged value of each layer of a per-layer family."""
@@ -180,6 +181,7 @@ def csv_rows(runs: list[Run], keys: list[str]) -> list[dict]:
 
 
 def _figure(panels: int) -> tuple[Figure, list]:
+    panels = max(panels, 1)  # an empty panel says there is nothing to show
     cols = min(panels, 3)
     rows = -(-panels // cols)
     fig = Figure(figsize=(4.2 * cols, 3.4 * rows), dpi=100)
@@ -204,8 +206,8 @@ def plot_ppl_vs_depth(runs: list[Run], keys: list[str]) -> Figure:
             means = [statistics.fmean(points[d]) for d in depths]
             errors = [statistics.stdev(points[d]) if len(points[d]) > 1 else 0.0 for d in depths]
             ax.errorbar(depths, means, yerr=errors, marker="o", capsize=3, label=label)
-    ax.set_xticks(sorted({r.depth for r in runs if r.config}))
-    failed = sorted({r.depth for r in runs if r.state in ("diverged", "failed")})
+    ax.set_xticks(sorted({r.depth for r in runs if r.depth is not None}))
+    failed = sorted({r.depth for r in runs if r.state in ("diverged", "failed") and r.depth is not None})
     for depth in failed:
         ax.axvline(depth, color="red", alpha=0.15)
     ax.set_xlabel("depth (blocks)")
@@ -219,7 +221,7 @@ def plot_ppl_vs_depth(runs: list[Run], keys: list[str]) -> Figure:
 def _by_depth(runs: list[Run]) -> dict[int, list[Run]]:
     out: dict[int, list[Run]] = {}
     for r in runs:
-        if r.config:
+        if r.depth is not None:
             out.setdefault(r.depth, []).append(r)
     return dict(sorted(out.items()))
 
@@ -257,7 +259,7 @@ def plot_act_rms(runs: list[Run]) -> Figure:
 def alpha_figures(runs: list[Run]) -> dict[str, Figure]:
     """Per schedule, its alpha (layer × step) in the deepest run that logged one."""
     figures = {}
-    for r in sorted(runs, key=lambda r: -r.depth if r.config else 0):
+    for r in sorted(runs, key=lambda r: -(r.depth or 0)):
         schedule = r.config.get("prores.schedule")
         alpha = {tag: v for tag, v in r.scalars.items() if tag.startswith("prores/alpha/")}
         if schedule in figures or schedule in (None, "none") or not alpha:

@@ -1,12 +1,14 @@
 """Running a sweep's cells: each cell is its own `prores train` process (or Slurm array task).
 
-``local``: ``jobs`` cells at a time on this machine, each in its own session
-(so a terminal's Ctrl-C reaches the runner, which then stops the cells
-cleanly: SIGTERM, a checkpoint at the next step, exit). A re-run skips
-completed and diverged cells and resumes the others. ``slurm``: one
-``sbatch --array`` per group of cells that need the same resources; each task
-runs ``slurm/sweep.sbatch``, which reads its line of ``cells.jsonl`` and runs
-``slurm/train.sbatch`` (signal forwarding, checkpoint, requeue).
+``local``: ``jobs`` cells at a time on this machine, each in its own session,
+so that only the runner gets a terminal's signals: on SIGTERM, SIGHUP or
+Ctrl-C it stops the cells cleanly (SIGTERM to each: a checkpoint at the next
+step, exit) and exits non-zero. ``slurm``: one ``sbatch --array`` per group of
+cells that need the same resources; each task runs ``slurm/sweep.sbatch``,
+which reads its line of ``cells.jsonl`` and runs ``slurm/train.sbatch``
+(signal forwarding, checkpoint, requeue). Either way a re-run skips finished
+cells, leaves alone those whose trainer or Slurm task is alive, and resumes the
+others.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from prores.errors import UsageError
 from prores.parallel.rendezvous import own_world
 from prores.run.progress import Progress
 from prores.run.summary import read_summary
-from prores.study.state import cell_state, finished, record_exit, record_start
+from prores.study.state import ALIVE, cell_state, finished, record, record_exit
 from prores.study.sweep import Cell
 
 SLURM_DIR = Path(prores.__file__).resolve().parents[1] / "slurm"  # slurm/ of the checkout prores runs from
@@ -39,16 +41,50 @@ def _cell_env(jobs: int) -> dict:
     return env
 
 
+def to_start(sweep_dir: Path, cells: list[Cell]) -> list[Cell]:
+    """The cells a run of the sweep starts: neither finished nor alive (a trainer holds the run directory,
+    or a Slurm task of it is queued or running). Says which it leaves alone."""
+    states = {c.name: None if finished(c) else cell_state(sweep_dir, c).state for c in cells}
+    done = [c for c in cells if states[c.name] is None]
+    alive = [c for c in cells if states[c.name] in ALIVE]
+    if done:
+        print(f"prores sweep: {len(done)} of {len(cells)} cells finished already; skipping them", flush=True)
+    if alive:
+        names = ", ".join(f"{c.name}" + ("" if states[c.name] == "running" else f" ({states[c.name]})")
+                          for c in alive)
+        print(f"prores sweep: {len(alive)} cell{'s are' if len(alive) > 1 else ' is'} running already ({names});"
+              f" {'they are' if len(alive) > 1 else 'it is'} not started again", flush=True)
+    return [c for c in cells if c not in done and c not in alive]
+
+
+class StopSignals:
+    """SIGTERM, SIGHUP and SIGINT (Ctrl-C) ask the runner to stop its cells cleanly; a second one kills them.
+    SIGINT and SIGHUP that were ignored when the runner started (a background job's, `nohup`'s) stay
+    ignored: the Unix convention, a terminal's Ctrl-C or hang-up must not reach them. SIGTERM never is."""
+
+    def __init__(self):
+        self.received: list[int] = []
+        self._previous: dict = {}
+
+    def __enter__(self) -> "StopSignals":
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            if sig != signal.SIGTERM and signal.getsignal(sig) == signal.SIG_IGN:
+                continue
+            self._previous[sig] = signal.signal(sig, lambda signum, frame: self.received.append(signum))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
 def run_local(sweep_dir: Path, cells: list[Cell], jobs: int = 1) -> int:
-    """0 when no cell failed (a diverged cell is a result, not a failure)."""
-    todo = [c for c in cells if not finished(c)]
-    if len(todo) < len(cells):
-        print(f"prores sweep: {len(cells) - len(todo)} of {len(cells)} cells finished already; skipping them",
-              flush=True)
+    """0 when no cell failed (a diverged cell is a result, not a failure); 128 + the signal that stopped it."""
+    todo = to_start(sweep_dir, cells)
     logs = sweep_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    progress = Progress(len(cells), len(cells) - len(todo), log_interval=1, bar=True, desc="cells", unit="cell")
     done = len(cells) - len(todo)
+    progress = Progress(len(cells), done, log_interval=1, bar=True, desc="cells", unit="cell")
     running: dict[str, tuple[Cell, subprocess.Popen]] = {}
     states: Counter = Counter()
 
@@ -56,51 +92,52 @@ def run_local(sweep_dir: Path, cells: list[Cell], jobs: int = 1) -> int:
         with open(logs / f"{cell.name}.log", "a") as log:
             proc = subprocess.Popen([sys.executable, "-m", "prores", "train", *cell.train_args()], stdout=log,
                                     stderr=subprocess.STDOUT, env=_cell_env(jobs), start_new_session=True)
-        record_start(sweep_dir, cell, pid=proc.pid)
+        record(sweep_dir, cell, pid=proc.pid)
         running[cell.name] = (cell, proc)
 
     def reap() -> None:
+        nonlocal done
         for name, (cell, proc) in list(running.items()):
             if proc.poll() is not None:
                 del running[name]
                 record_exit(sweep_dir, cell, proc.returncode)
                 state = cell_state(sweep_dir, cell).state
                 states[state] += 1
-                nonlocal done
                 done += 1
                 loss = (read_summary(Path(cell.run_dir)) or {}).get("final_valid_loss")
                 progress.advance(done, f"[{done}/{len(cells)}] {cell.name}: {state}"
                                  + (f", valid loss {loss:.4f}" if loss else ""))
 
-    try:
-        while todo or running:
+    with StopSignals() as signals:
+        while (todo or running) and not signals.received:
             while todo and len(running) < jobs:
                 start(todo.pop(0))
             reap()
             time.sleep(0.2)
-    except KeyboardInterrupt:
-        print(f"prores sweep: stopping {len(running)} running cell(s) at their next step (a checkpoint each);"
-              " Ctrl-C again kills them", flush=True)
-        for _, proc in running.values():
-            proc.send_signal(signal.SIGTERM)
-        try:
+        if signals.received:
+            sig = signals.received[0]
+            n = len(running)
+            print(f"prores sweep: {signal.Signals(sig).name}: stopping {n} running cell{'s' if n != 1 else ''} at"
+                  " the next step (a checkpoint each); a second signal kills them", flush=True)
             for _, proc in running.values():
-                proc.wait()
-        except KeyboardInterrupt:
-            for _, proc in running.values():
-                proc.kill()
-        reap()
-        progress.close()
-        print("prores sweep: stopped; run the same command again to resume", flush=True)
-        return 130
+                proc.send_signal(signal.SIGTERM)
+            while running:
+                if len(signals.received) > 1:
+                    for _, proc in running.values():
+                        proc.kill()
+                reap()
+                time.sleep(0.2)
+            progress.close()
+            print("prores sweep: stopped; run the same command again to resume", flush=True)
+            return 128 + sig
     progress.close()
     print("prores sweep: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())) if states else
           "prores sweep: nothing to run", flush=True)
     return 1 if states["failed"] else 0
 
 
-def sbatch_commands(sweep_dir: Path, cells: list[Cell], cells_file: Path) -> list[list[str]]:
-    """One `sbatch --array` per group of cells with the same resources."""
+def sbatch_commands(sweep_dir: Path, cells: list[Cell], cells_file: Path) -> list[tuple[list[str], list[Cell]]]:
+    """One `sbatch --array` per group of cells with the same resources, and the group."""
     if not (SLURM_DIR / "sweep.sbatch").is_file():
         raise UsageError(f"{SLURM_DIR / 'sweep.sbatch'} not found: the Slurm runner needs the prores checkout's"
                          " slurm/ directory next to the package.")
@@ -119,22 +156,27 @@ def sbatch_commands(sweep_dir: Path, cells: list[Cell], cells_file: Path) -> lis
         command += [*r["extra"], f"--output={sweep_dir.resolve() / 'logs'}/%x-%A_%a.out",
                     f"--export=ALL,PRORES_SLURM_DIR={SLURM_DIR},PRORES_PYTHON={sys.executable}",
                     str(SLURM_DIR / "sweep.sbatch"), str(cells_file.resolve())]
-        commands.append(command)
+        commands.append((command, group))
     return commands
 
 
 def run_slurm(sweep_dir: Path, cells: list[Cell], cells_file: Path, dry_run: bool = False) -> int:
-    todo = [c for c in cells if not finished(c) and cell_state(sweep_dir, c).state != "running"]
+    """Submit the cells to start as job arrays; each array task is recorded as submitted (queued)."""
+    todo = to_start(sweep_dir, cells)
     if not todo:
-        print("prores sweep: every cell is finished or running; nothing to submit")
+        print("prores sweep: every cell is finished, queued or running; nothing to submit")
         return 0
-    (sweep_dir / "logs").mkdir(parents=True, exist_ok=True)
-    for command in sbatch_commands(sweep_dir, todo, cells_file):
+    if not dry_run:
+        (sweep_dir / "logs").mkdir(parents=True, exist_ok=True)
+    for command, group in sbatch_commands(sweep_dir, todo, cells_file):
         if dry_run:
             print(shlex.join(command))
             continue
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             raise UsageError(f"`{shlex.join(command)}` failed: {done.stderr.strip()}")
-        print(f"prores sweep: submitted job {done.stdout.strip().split(';')[0]} ({command[2]})", flush=True)
+        job = done.stdout.strip().split(";")[0]
+        for cell in group:
+            record(sweep_dir, cell, job=f"{job}_{cell.index}")
+        print(f"prores sweep: submitted job {job} ({command[2]})", flush=True)
     return 0

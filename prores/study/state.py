@@ -1,21 +1,25 @@
-"""What a sweep's cells have done, from their run directories and the runners' start records.
+"""What a sweep's cells have done, from their run directories, their locks and the runners' records.
 
-A runner records each start of a cell in ``<sweep>/state/<cell>.json`` (the host and the pid, or the
-Slurm job; the local runner adds the exit status). A cell's state:
+A runner records each start of a cell in ``<sweep>/state/<cell>.json``, written atomically: the local
+runner the host, pid and process start time (and the exit status once it is reaped), the Slurm runner
+the array task's job id (``JOB_INDEX``) at submission. A cell's state:
 
+* ``running``: a live trainer holds its run directory's lock (:mod:`prores.run.lock`), or its Slurm
+  task is running;
+* ``queued``: its Slurm task waits in the queue (``squeue``);
 * ``completed``, ``stopped`` or ``diverged``: its ``summary.json`` says so;
-* ``running``: started and its process or Slurm job is alive;
-* ``failed``: started, gone, no summary, and (unless the runner saw it exit 0) no checkpoint to resume;
 * ``stopped`` too when it left checkpoints but no summary (killed: a re-run resumes it);
+* ``failed``: started, gone, no summary, and (unless the runner saw it exit 0) no checkpoint to resume;
 * ``pending``: never started.
+
+A re-run starts only the cells that are neither finished (completed, diverged) nor alive (running,
+queued).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
 import subprocess
 from collections import Counter
 from dataclasses import dataclass
@@ -23,42 +27,58 @@ from pathlib import Path
 from typing import Optional
 
 from prores.monitor.tensorboard import read_scalars
+from prores.run.files import write_atomic
+from prores.run.lock import live_holder, process_start, this_host
 from prores.run.summary import read_summary
 from prores.study.sweep import Cell, read_cells
 
 FINAL = ("completed", "diverged")  # a re-run skips these
+ALIVE = ("running", "queued")  # ... and these
 
 
 def record_path(sweep_dir: Path, cell: Cell) -> Path:
     return Path(sweep_dir) / "state" / f"{cell.name}.json"
 
 
-def record_start(sweep_dir: Path, cell: Cell, **where) -> None:
+def read_record(sweep_dir: Path, cell: Cell) -> Optional[dict]:
+    try:
+        return json.loads(record_path(sweep_dir, cell).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def record(sweep_dir: Path, cell: Cell, **fields) -> None:
+    """Start a cell's record afresh (``pid=`` for a local process, ``job=`` for a Slurm task)."""
+    if "pid" in fields:
+        fields |= {"host": this_host(), "start": process_start(fields["pid"])}
     path = record_path(sweep_dir, cell)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"host": socket.gethostname(), "returncode": None, **where}))
+    write_atomic(path, json.dumps({"returncode": None} | fields))
 
 
 def record_exit(sweep_dir: Path, cell: Cell, returncode: int) -> None:
-    path = record_path(sweep_dir, cell)
-    path.write_text(json.dumps(json.loads(path.read_text()) | {"returncode": returncode}))
+    write_atomic(record_path(sweep_dir, cell), json.dumps((read_record(sweep_dir, cell) or {}) | {"returncode": returncode}))
 
 
-def _alive(record: dict) -> bool:
+def slurm_state(job: str) -> Optional[str]:
+    """``queued`` or ``running`` while ``squeue`` lists the task, None once it has left the queue."""
+    if not shutil.which("squeue"):
+        return "queued"  # cannot tell: assume the task still waits
+    out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.split()
+    if not out:
+        return None
+    return "queued" if out[0] in ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "SUSPENDED") else "running"
+
+
+def _alive(record: dict) -> Optional[str]:
+    """What the record's process or task is doing now, if it still is: ``running``, ``queued`` or None."""
+    if record.get("returncode") is not None:
+        return None
     if "job" in record:
-        if not shutil.which("squeue"):
-            return True  # cannot tell: assume the job is queued or running
-        out = subprocess.run(["squeue", "-h", "-j", record["job"]], capture_output=True, text=True)
-        return bool(out.stdout.strip())
-    if record["host"] != socket.gethostname():
-        return True  # another machine's process: cannot tell
-    try:
-        os.kill(record["pid"], 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
+        return slurm_state(record["job"])
+    if record.get("host") == this_host() and process_start(record["pid"]) == record.get("start"):
+        return "running"
+    return None
 
 
 def finished(cell: Cell) -> bool:
@@ -84,17 +104,19 @@ def last_loss(run_dir: Path) -> tuple[Optional[int], Optional[float]]:
 def cell_state(sweep_dir: Path, cell: Cell) -> CellState:
     run_dir = Path(cell.run_dir)
     step, loss = last_loss(run_dir)
+    rec = read_record(sweep_dir, cell)
+    if live_holder(run_dir) is not None:
+        return CellState("running", step, loss)
+    alive = _alive(rec) if rec else None
+    if alive is not None:
+        return CellState(alive, step, loss)
     summary = read_summary(run_dir)
     if summary is not None:
         return CellState(summary["status"], summary["steps"], loss)
-    try:
-        record = json.loads(record_path(sweep_dir, cell).read_text())
-    except (OSError, ValueError):
+    if rec is None:
         return CellState("pending", step, loss)
-    if record["returncode"] is None and _alive(record):
-        return CellState("running", step, loss)
     resumable = any((run_dir / "checkpoints").glob("global_step*")) if run_dir.is_dir() else False
-    return CellState("stopped" if resumable and record["returncode"] in (None, 0) else "failed", step, loss)
+    return CellState("stopped" if resumable and rec["returncode"] in (None, 0) else "failed", step, loss)
 
 
 def status_table(sweep_dir: Path) -> str:

@@ -17,8 +17,11 @@ slurm: {nodes: 1, ntasks_per_node: 8, gpus_per_node: 8, cpus_per_task: 8, time: 
 
 Every cell is validated as `prores train` would validate it before anything
 runs; a bad cell is one error naming it. A cell's run directory is
-``<root>/<name>/<cell>``, its name made of the grid values
-(``L048-post-linear-s1``). The resolved cells go to ``<root>/<name>/cells.jsonl``.
+``<root>/<name>/<cell>`` (absolute in ``cells.jsonl``), its name made of the
+grid values (``L048-post-linear-s1``). The resolved cells go to
+``<root>/<name>/cells.jsonl`` when the sweep first runs, and never change
+after: Slurm array tasks find their cell by its line there, so a spec whose
+cells differ from a sweep directory's is refused (:func:`check_unchanged`).
 """
 
 from __future__ import annotations
@@ -35,10 +38,34 @@ import yaml
 from prores.config import PACKAGED_CONFIGS, load_config, yaml_value
 from prores.errors import UsageError
 from prores.parallel.rendezvous import check_divisible
+from prores.run.files import write_atomic
 
 SPEC_KEYS = ("name", "base", "set", "grid", "seeds", "where", "slurm")
 SLURM_KEYS = {"nodes": 1, "ntasks_per_node": 8, "gpus_per_node": 8, "cpus_per_task": 8, "time": "24:00:00",
               "partition": None, "extra": []}
+
+
+def _whole(least: int):
+    def check(v) -> Optional[str]:
+        ok = isinstance(v, int) and not isinstance(v, bool) and v >= least
+        return None if ok else f"{v!r} must be a whole number of at least {least}"
+    return check
+
+
+def _extra(v) -> Optional[str]:
+    if isinstance(v, str):
+        return f"{v!r} is a string; give a list of sbatch options, e.g. extra: [{json.dumps(v)}]"
+    if not isinstance(v, list) or not all(isinstance(o, str) for o in v):
+        return f"{v!r}: every entry must be a string (one sbatch option each)"
+    return None
+
+
+SLURM_CHECKS = {
+    "nodes": _whole(1), "ntasks_per_node": _whole(1), "gpus_per_node": _whole(0), "cpus_per_task": _whole(1),
+    "time": lambda v: None if isinstance(v, str) else f'{v!r} must be a string such as "24:00:00"',
+    "partition": lambda v: None if v is None or isinstance(v, str) else f"{v!r} must be a string (or absent)",
+    "extra": _extra,
+}
 # short labels for numeric grid values in cell names; other keys use their last part
 LABELS = {"model.num_layers": "L", "model.hidden_size": "H", "model.ffn_hidden_size": "F", "prores.T": "T",
           "optim.lr": "lr", "train.steps": "steps", "train.seed": "s"}
@@ -109,6 +136,10 @@ def _read(path: Path) -> dict:
         unknown = sorted(set(resources) - set(SLURM_KEYS))
         if unknown:
             raise SpecError(f"{path}: unknown Slurm resource {', '.join(unknown)}; known: {', '.join(SLURM_KEYS)}.")
+        for key, value in resources.items():
+            problem = SLURM_CHECKS[key](value)
+            if problem:
+                raise SpecError(f"{path}: slurm.{key}: {problem}")
     return spec
 
 
@@ -121,13 +152,15 @@ def spec_path(spec: str) -> Path:
     return path
 
 
-def expand(spec_file: str, root: str = "runs", processes: Optional[int] = None) -> tuple[Path, list[Cell]]:
+def expand(spec_file: str, root: str = "runs", processes: Optional[int] = None,
+           name: Optional[str] = None) -> tuple[Path, list[Cell]]:
     """The sweep's directory and its validated cells. ``processes``: the world size each cell gets (the
-    local runner: 1), checked against the cell's tp × pp; None: taken from its Slurm resources."""
+    local runner: 1), checked against the cell's tp × pp; None: taken from its Slurm resources. ``name``
+    replaces the spec's (a new sweep directory)."""
     path = spec_path(spec_file)
     spec = _read(path)
-    name = spec.get("name") or path.stem
-    sweep_dir = Path(root) / name
+    name = name or spec.get("name") or path.stem
+    sweep_dir = Path(root).absolute() / name
     grid = spec.get("grid") or {}
     seeds = spec.get("seeds")
     keys = list(grid) + (["train.seed"] if seeds else [])
@@ -157,12 +190,35 @@ def expand(spec_file: str, root: str = "runs", processes: Optional[int] = None) 
     return sweep_dir, cells
 
 
+def check_unchanged(sweep_dir: Path, cells: list[Cell], spec_file: str) -> None:
+    """A sweep directory keeps the cells it was started with: a spec that now describes others is refused,
+    with the difference."""
+    if not (Path(sweep_dir) / "cells.jsonl").is_file():
+        return
+    was = {c.name: c for c in read_cells(sweep_dir)}
+    now = {c.name: c for c in cells}
+    if list(was) == list(now) and all(_same(was[n], now[n]) for n in now):
+        return
+    added, removed = [n for n in now if n not in was], [n for n in was if n not in now]
+    changed = [n for n in now if n in was and not _same(was[n], now[n])]
+    parts = [f"{what}: {', '.join(names)}" for what, names in
+             (("cells added", added), ("removed", removed), ("changed", changed)) if names]
+    difference = "; ".join(parts) or "the same cells in another order"
+    raise SpecError(f"{sweep_dir} holds another sweep than {spec_file} now describes ({difference}): run the spec"
+                    " it was started from, or start a new sweep beside it with --name NAME.")
+
+
+def _same(a: Cell, b: Cell) -> bool:
+    """The same cell, wherever the sweep directory was reached from (older sweeps stored relative paths)."""
+    return asdict(a) | {"run_dir": Path(a.run_dir).name} == asdict(b) | {"run_dir": Path(b.run_dir).name}
+
+
 def write_cells(sweep_dir: Path, cells: list[Cell]) -> Path:
+    """``cells.jsonl``, written once (the same cells again leave the file as it is)."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
     path = sweep_dir / "cells.jsonl"
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(asdict(c)) + "\n" for c in cells))
-    tmp.replace(path)
+    if not path.is_file():
+        write_atomic(path, "".join(json.dumps(asdict(c)) + "\n" for c in cells))
     return path
 
 
