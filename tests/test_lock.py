@@ -127,13 +127,14 @@ def test_of_many_at_once_exactly_one_wins(tmp_path):
 
 
 TRAIN = ("model.num_layers=2", "model.hidden_size=32", "model.ffn_hidden_size=64", "model.seq_length=32",
-         "train.micro_batch_size=4", "data.eval_samples=8", "kernels.backend=eager", "train.steps=150",
-         "train.log_interval=1", "train.eval_interval=50", "logging.progress_bar=false")
+         "train.micro_batch_size=4", "data.eval_samples=8", "kernels.backend=eager", "train.steps=1500",
+         "train.log_interval=1", "train.eval_interval=500", "logging.progress_bar=false")  # ~30 s of training
 
 
 @pytest.mark.slow
 def test_a_second_trainer_on_a_run_directory_is_refused_and_changes_nothing(tmp_path):
-    first = subprocess.Popen(cli_command(*train_args(tmp_path / "run", TRAIN)), stdout=subprocess.PIPE,
+    log = open(tmp_path / "first.log", "w")  # a pipe nobody reads would stall it once full
+    first = subprocess.Popen(cli_command(*train_args(tmp_path / "run", TRAIN)), stdout=log,
                              stderr=subprocess.STDOUT, text=True, env=child_env())
     try:
         deadline = time.monotonic() + 300
@@ -144,13 +145,14 @@ def test_a_second_trainer_on_a_run_directory_is_refused_and_changes_nothing(tmp_
         second = subprocess.run(cli_command(*train_args(tmp_path / "run", TRAIN)), capture_output=True, text=True,
                                 env=child_env(), timeout=60)
         assert time.monotonic() - started < 15
+        assert first.poll() is None, "the first trainer ended before the second was refused: train it longer"
         assert second.returncode == 2 and "Traceback" not in second.stderr
         assert second.stderr.strip().splitlines() == [
             f"prores: error: run directory {tmp_path / 'run'} is in use by another trainer: pid {first.pid} on host"
             f" {this_host().split('/')[0]} since {json.loads((tmp_path / 'run' / LOCK).read_text())['since']}"
             f" ({tmp_path / 'run' / LOCK}). Wait for it to finish, stop it (kill -TERM {first.pid} on its host),"
             " or give this run another --run-dir."]
-        assert first.wait(timeout=600) == 0, first.stdout.read()[-3000:]
+        assert first.wait(timeout=600) == 0, (tmp_path / "first.log").read_text()[-3000:]
     finally:
         first.kill()
     assert not (tmp_path / "run" / LOCK).exists()
@@ -158,4 +160,4 @@ def test_a_second_trainer_on_a_run_directory_is_refused_and_changes_nothing(tmp_
                            env=child_env(), timeout=600)
     assert alone.returncode == 0, alone.stderr[-3000:]
     losses = [read_scalars(tmp_path / d, lambda t: t == "train/loss")["train/loss"] for d in ("run", "alone")]
-    assert len(losses[0]) == 150 and losses[0] == losses[1]
+    assert len(losses[0]) == 1500 and losses[0] == losses[1]

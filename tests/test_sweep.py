@@ -184,8 +184,14 @@ def test_the_report_agrees_with_the_event_files(local_sweep):
             assert row["final_valid_loss"] == row["best_valid_loss"] == row["final_ppl"] == ""  # never a number
             assert row["diverged_at"] == "1"
             continue
-        valid = events(sweep_dir / name)["valid/loss"]
+        scalars = events(sweep_dir / name)
+        valid = scalars["valid/loss"]
         assert float(row["final_valid_loss"]) == pytest.approx(valid[max(valid)], rel=1e-6)
+        depth = int(name[3])
+        act = {l: scalars[f"layers/act_rms/layer_{l:03d}"] for l in range(1, depth + 1)}
+        ratio = act[depth][max(act[depth])] / act[1][max(act[1])]
+        assert float(row["act_rms_last_over_first"]) == pytest.approx(ratio, rel=1e-9)
+        assert float(row["act_rms_growth_per_block"]) == pytest.approx(ratio ** (1 / (depth - 1)), rel=1e-9)
         best = min(valid, key=valid.get)
         assert (int(row["best_valid_step"]), float(row["best_valid_loss"])) == (best, pytest.approx(valid[best]))
         assert float(row["final_ppl"]) == pytest.approx(math.exp(valid[max(valid)]), rel=1e-6)
@@ -194,8 +200,10 @@ def test_the_report_agrees_with_the_event_files(local_sweep):
     assert "In progress" not in report
     table = [line for line in report.splitlines() if line.startswith("| 3 | none |")]
     assert len(table) == 1 and "| — | — |" in table[0] and "diverged 1 (at step 1)" in table[0]
-    one = [line for line in report.splitlines() if line.startswith("| 2 | linear |")][0]
-    assert f"| {float(rows['L002-linear-s1']['final_valid_loss']):.4f} |" in one
+    one = [line for line in report.splitlines() if line.startswith("| 2 | linear |")]
+    assert f"| {float(rows['L002-linear-s1']['final_valid_loss']):.4f} |" in one[0]
+    growth = float(rows["L002-linear-s1"]["act_rms_last_over_first"])
+    assert one[1] == f"| 2 | linear | {growth:.3f} | {growth:.4f} | 1 |"  # the growth table (L = 2: factor = ratio)
     for image in ("ppl_vs_depth.png", "valid_curves.png", "act_rms_by_layer.png", "alpha-linear.png"):
         assert f"]({image})" in report
         picture = Image.open(sweep_dir / image)

@@ -159,9 +159,36 @@ def table(runs: list[Run], keys: list[str]) -> list[list[str]]:
     return rows
 
 
+def act_growth(run: Run) -> Optional[tuple[float, float]]:
+    """(last / first block's activation RMS, the per-block growth factor (last / first)^(1/(L - 1))), from
+    each block's last logged ``layers/act_rms``: how the residual stream grows with depth at the end."""
+    act = run.last("layers/act_rms")
+    if not run.completed or len(act) < 2:
+        return None
+    first, last = min(act), max(act)
+    ratio = act[last] / act[first]
+    return ratio, ratio ** (1 / (last - first))
+
+
+def growth_table(runs: list[Run], keys: list[str]) -> list[list[str]]:
+    """Markdown rows: per cell, the activation growth over its completed seeds (mean ± std)."""
+    rows = [keys + ["last / first act RMS", "growth per block", "seeds"]]
+    for group in _groups(runs, keys).values():
+        growth = [g for g in map(act_growth, group) if g is not None]
+        rows.append([str(group[0].grid[k]) for k in keys]
+                    + [_mean_spread([g[0] for g in growth], 3) or "—", _mean_spread([g[1] for g in growth], 4) or "—",
+                       str(len(growth))])
+    return rows
+
+
+def markdown_table(rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(rows[0]) + " |", "|" + " --- |" * len(rows[0])] + ["| " + " | ".join(r) + " |"
+                                                                                for r in rows[1:]]
+
+
 CSV_FIELDS = ["name", "seed", "status", "diverged_at", "parameters", "steps", "final_valid_loss", "final_ppl",
               "best_valid_loss", "best_valid_step", "best_ppl", "loss_spike_score", "grad_norm_spike_score",
-              "tokens_per_sec", "run_dir"]
+              "act_rms_last_over_first", "act_rms_growth_per_block", "tokens_per_sec", "run_dir"]
 
 
 def csv_rows(runs: list[Run], keys: list[str]) -> list[dict]:
@@ -169,6 +196,7 @@ def csv_rows(runs: list[Run], keys: list[str]) -> list[dict]:
     for r in runs:
         s = r.summary if r.completed else {}  # numbers only for completed runs
         spikes = s.get("spikes", {})
+        growth = act_growth(r) or (None, None)
         rows.append({**{k: r.grid[k] for k in keys}, "name": r.name, "seed": r.seed, "status": r.state,
                      "diverged_at": r.summary.get("diverged_at"), "parameters": r.summary.get("parameters"),
                      "steps": r.summary.get("steps"), "final_valid_loss": s.get("final_valid_loss"),
@@ -176,6 +204,7 @@ def csv_rows(runs: list[Run], keys: list[str]) -> list[dict]:
                      "best_valid_step": s.get("best_valid_step"), "best_ppl": _ppl(s.get("best_valid_loss")),
                      "loss_spike_score": spikes.get("train/loss", {}).get("score"),
                      "grad_norm_spike_score": spikes.get("train/grad_norm", {}).get("score"),
+                     "act_rms_last_over_first": growth[0], "act_rms_growth_per_block": growth[1],
                      "tokens_per_sec": s.get("tokens_per_sec"), "run_dir": str(r.run_dir)})
     return rows
 
@@ -295,11 +324,13 @@ def report(targets: list[Path], out_dir: Optional[Path] = None) -> Path:
     lines = [f"# Report: {', '.join(str(t) for t in targets)}", ""]
     if note:
         lines += [note, ""]
-    body = table(runs, keys)
-    lines += ["| " + " | ".join(body[0]) + " |", "|" + " --- |" * len(body[0])]
-    lines += ["| " + " | ".join(row) + " |" for row in body[1:]]
+    lines += markdown_table(table(runs, keys))
     lines += ["", "Losses, ppl and spike scores are means ± standard deviation over the completed seeds; a cell"
-              " without one shows its state instead. Per run: [results.csv](results.csv).", ""]
+              " without one shows its state instead. Per run: [results.csv](results.csv).", "",
+              "## Activation growth", ""] + markdown_table(growth_table(runs, keys))
+    lines += ["", "The last block's activation RMS over the first's, and the per-block growth factor"
+              " (last / first)^(1/(L - 1)), from each block's last logged `layers/act_rms`; mean ± standard"
+              " deviation over the completed seeds.", ""]
     for name, (title, _) in plots.items():
         lines += [f"## {title}", "", f"![{title}]({name})", ""]
     (out_dir / "report.md").write_text("\n".join(lines))
