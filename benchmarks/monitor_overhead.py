@@ -1,10 +1,16 @@
-"""Cost of the per-layer diagnostics: training time with all of them on at ``logging.stats_interval=10``
-against all off (goal: at most 1.03x).
+"""Cost of watching a run: training time with every monitoring callback on against all of them off
+(goal: at most 1.03x).
 
-Runs the tiny config (or ``--config``) in one process through the training loop's own step, with its
-callbacks, and interleaves blocks of 10 steps (one stats step each) with the diagnostics on and off,
-so that drift in the machine's load hits both alike; prints the median block time of each and their
-ratio. "Off" removes the diagnostics callback and its forward hooks. Usage:
+"On" is what a default run has: TensorBoard scalars with alpha every step here (train.log_interval=1),
+spike scores, the per-layer diagnostics at ``logging.stats_interval=10`` and the heatmaps refreshed at
+every evaluation; "off" removes those four callbacks (prores/monitor/registry.py's MONITORS) and the
+diagnostics' forward hooks. Both arms keep the callbacks that act (checkpoint interval, divergence,
+signals, best validation) and evaluate every 10 steps on 16 samples, so the heatmaps are redrawn 10 times
+as often as at the default evaluation interval of 100: an upper bound on their cost.
+
+Runs the tiny config (or ``--config``) in one process through the training loop's own step and
+interleaves blocks of 10 steps with the monitors on and off, so that drift in the machine's load hits
+both alike; prints the median block time of each and their ratio. Usage:
 
     python benchmarks/monitor_overhead.py [--blocks 12] [--config configs/tiny.yaml]
 """
@@ -19,7 +25,7 @@ from pathlib import Path
 
 from prores.config import load_config
 from prores.launcher.train import Trainer
-from prores.monitor.layer_stats import LayerDiagnostics
+from prores.monitor.registry import MONITORS, callback_class
 
 INTERVAL = 10
 
@@ -29,29 +35,35 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=12)
     parser.add_argument("--config", default=None)
     args = parser.parse_args()
-    cfg = load_config(args.config, ("logging.progress_bar=false", "train.steps=100000", "train.eval_interval=100000",
+    cfg = load_config(args.config, ("logging.progress_bar=false", "train.steps=100000", "train.log_interval=1",
+                                    f"train.eval_interval={INTERVAL}", "data.eval_samples=16",
                                     f"logging.stats_interval={INTERVAL}"))
     trainer = Trainer(cfg, Path(tempfile.mkdtemp(prefix="prores-bench-")))
-    diagnostics = next(c for c in trainer.callbacks if isinstance(c, LayerDiagnostics))
+    watching = tuple(callback_class(name) for name in MONITORS)
+    every = list(trainer.callbacks)
+    acting = [c for c in every if not isinstance(c, watching)]
+    assert len(every) - len(acting) == len(MONITORS)
+    diagnostics = next(c for c in every if isinstance(c, callback_class("layer_stats")))
     trainer.call("on_start")
-    for _ in range(INTERVAL):  # warm-up (compilation), diagnostics included
+    for _ in range(INTERVAL):  # warm-up (compilation), monitors included
         trainer.step_once()
     times = {"on": [], "off": []}
     for block in range(args.blocks):
         mode = "on" if block % 2 == 0 else "off"
         if mode == "off":
             diagnostics.on_end(trainer, None)  # its forward hooks go
-            trainer.callbacks.remove(diagnostics)
+            trainer.callbacks = acting
         start = time.perf_counter()
         for _ in range(INTERVAL):
             trainer.step_once()
         times[mode].append(time.perf_counter() - start)
         if mode == "off":
-            trainer.callbacks.append(diagnostics)
+            trainer.callbacks = every
             diagnostics.on_start(trainer)
     on, off = (statistics.median(times[m]) for m in ("on", "off"))
-    print(f"layers={cfg.model.num_layers} tokens/step={trainer.tokens_per_step} stats_interval={INTERVAL}")
-    print(f"median time of {INTERVAL} steps: diagnostics on {on * 1e3:.0f} ms, off {off * 1e3:.0f} ms,"
+    print(f"layers={cfg.model.num_layers} tokens/step={trainer.tokens_per_step} stats_interval={INTERVAL},"
+          f" an evaluation and a heatmap refresh every {INTERVAL} steps")
+    print(f"median time of {INTERVAL} steps: every monitor on {on * 1e3:.0f} ms, all off {off * 1e3:.0f} ms,"
           f" ratio on/off {on / off:.3f}")
 
 

@@ -306,15 +306,25 @@ def apply_override(data: dict, assignment: str) -> None:
         raise ConfigError(f"--set {assignment!r}: the value is not valid YAML ({exc}).") from None
 
 
+def find_file(name: str | Path, packaged: Path, what: str) -> Path:
+    """``name`` as a path, else as a name under ``packaged``; one error that names the packaged file a path
+    like ``configs/depth/120.yaml`` (a clone's) means, from wherever it was given."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    if (packaged / path).is_file():
+        return packaged / path
+    parts = path.parts
+    tails = [Path(*parts[i:]) for i in range(1, len(parts))]
+    found = next((t for t in tails if (packaged / t).is_file()), None)
+    hint = f" Did you mean the packaged '{found}'?" if found else ""
+    raise ConfigError(f"{what} '{name}' does not exist.{hint} Packaged ones, named relative to {packaged},"
+                      " work from any directory.")
+
+
 def load_config(path: Optional[str | Path] = None, overrides: tuple[str, ...] = ()) -> Config:
     """Read YAML (default: the packaged tiny config), apply overrides, validate."""
-    path = Path(path) if path is not None else DEFAULT_CONFIG
-    if not path.exists():
-        packaged = PACKAGED_CONFIGS / path
-        if packaged.exists():
-            path = packaged
-        else:
-            raise ConfigError(f"config file '{path}' does not exist; packaged configs live in {PACKAGED_CONFIGS}.")
+    path = find_file(path, PACKAGED_CONFIGS, "config file") if path is not None else DEFAULT_CONFIG
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
@@ -390,6 +400,16 @@ def _check_data(d: DataConfig) -> None:
                 and isinstance(source, str)):
             raise ConfigError(f"data.eval: {name!r}: {source!r}: each entry is name: PREFIX or text file, with a"
                               " name of letters, digits, '_' or '-' (it becomes the tag eval/<name>/loss).")
+
+
+def warnings_of(cfg: Config) -> list[str]:
+    """What is allowed but probably not meant."""
+    o, t = cfg.optim, cfg.train
+    out = []
+    if o.warmup_steps > t.steps:
+        out.append(f"optim.warmup_steps={o.warmup_steps} is more than train.steps={t.steps}: the learning rate"
+                   f" never reaches optim.lr={o.lr:g} (it ends at {t.steps / o.warmup_steps:.0%} of it).")
+    return out
 
 
 def config_text(cfg: Config) -> str:

@@ -63,6 +63,13 @@ def test_a_heatmap_is_a_png_of_the_data():
     assert numpy.array_equal(first, again) and not numpy.array_equal(first, other)
 
 
+def test_a_heatmap_starts_at_the_first_step_and_a_column_lasts_until_the_next():
+    fig = heatmap(numpy.ones((2, 3)), [0, 10, 20], title="t", xlabel="step", label="alpha")
+    mesh = fig.axes[0].collections[0]
+    assert list(mesh.get_coordinates()[0, :, 0]) == [0, 10, 20, 30]
+    assert fig.axes[0].get_xlim() == (0, 30)
+
+
 def test_zeros_and_gaps_are_grey_on_a_log_scale():
     values = numpy.ones((3, 4))
     values[0, 0] = 0.0

@@ -1,6 +1,7 @@
 """The planner: piece sizes against built pieces, activations against what autograd keeps, the stage
 split, the bubble, `prores plan`, and peak memory against a measured `prores train` step."""
 
+import importlib.util
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,17 +31,20 @@ VARIANTS = {
     "lns, layernorm": ("model.norm_layout=lns", "model.norm=layernorm"),
     "gelu, learned positions": ("model.mlp=gelu", "model.position=learned"),
     "tied": ("model.tie_embeddings=true",),
+    "deepnorm": ("model.norm_layout=deepnorm", "model.init=deepnorm"),
 }
 VOCAB = 258  # the byte tokenizer
 
 
 def saved_bytes(fn, exclude) -> int:
     """Bytes of the distinct storages autograd keeps for the backward pass of ``fn()``, other than
-    ``exclude`` (parameters and the given input)."""
+    ``exclude`` (parameters and the given input) and scalars (alpha, alpha/c: the plan leaves out a few
+    bytes a block)."""
     storages = {}
 
     def pack(t):
-        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        if t.numel() > 1:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -70,15 +74,31 @@ def test_tensor_parallel_counts_by_hand():
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_block_activations_are_what_autograd_keeps(variant, precision, world_of_one):
-    """Exact: the formula counts every tensor a block keeps but its alpha (a 4-byte scalar)."""
+@pytest.mark.parametrize("backend", ["eager", pytest.param("triton", marks=pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="triton is not installed (the [test] extra has it)"))])
+def test_block_activations_are_what_autograd_keeps(variant, precision, backend, world_of_one):
+    """Exact: the formula counts every tensor a block keeps but scalars. The Triton kernels (run here by
+    its interpreter) keep less than the eager ones: what the GPU plan counts."""
     m = load_config(None, SMALL + VARIANTS[variant]).model
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    block = Block(m, ProRes("linear", 10, m.num_layers), 2, 0).to(dtype)
+    block = Block(m, ProRes("linear", 10, m.num_layers), 2, 0, backend=backend).to(dtype)
     block.set_step(3)
     x = torch.randn(m.seq_length, 2, m.hidden_size, dtype=dtype, requires_grad=True)
     kept = saved_bytes(lambda: block(x * 1), list(block.parameters()))
-    assert block_activations(m, Shape(m.seq_length, 2, dtype.itemsize)) == kept - 4
+    assert block_activations(m, Shape(m.seq_length, 2, dtype.itemsize), backend=backend) == kept
+
+
+@pytest.mark.parametrize("backend", ["eager", "triton"])
+def test_a_bf16_block_on_an_fp32_stream(backend, world_of_one):
+    """model.fp32_residual: the stream (and what the Triton norms keep of it) fp32, the branches bf16."""
+    if backend == "triton" and importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed (the [test] extra has it)")
+    m = load_config(None, SMALL).model
+    block = Block(m, ProRes("linear", 10, m.num_layers), 2, 0, backend=backend).to(torch.bfloat16)
+    block.set_step(3)
+    x = torch.randn(m.seq_length, 2, m.hidden_size, dtype=torch.float32, requires_grad=True)
+    kept = saved_bytes(lambda: block(x * 1), list(block.parameters()))
+    assert block_activations(m, Shape(m.seq_length, 2, 2, stream=4), backend=backend) == kept
 
 
 @pytest.mark.parametrize("variant", ["pre, rmsnorm, swiglu, rope", "post", "lns, layernorm"])

@@ -66,26 +66,43 @@ class Shape:
     seq: int
     batch: int
     element: int  # bytes per activation element: 4 (fp32) or 2 (bf16)
+    stream: int = 0  # bytes per residual-stream element (4 with model.fp32_residual); 0: ``element``
+
+    @property
+    def stream_bytes(self) -> int:
+        return self.stream or self.element
 
 
-def _norm_activations(m) -> int:
-    """Per token: RMSNorm keeps its input, the normalised input and rstd; LayerNorm its input, mean and
-    rstd; all fp32."""
-    return FP32 * (2 * m.hidden_size + 1 if m.norm == "rmsnorm" else m.hidden_size + 2)
+def _norm_activations(m, backend: str, element: int) -> int:
+    """Per token, for a norm whose input has ``element`` bytes: the eager and compiled kernels compute in
+    fp32 and keep the fp32 input, the normalised input (RMSNorm) or the mean (LayerNorm), and rstd; the
+    Triton kernel keeps only its input as it came, rstd and (LayerNorm) the mean, and recomputes the rest."""
+    h, rms = m.hidden_size, m.norm == "rmsnorm"
+    if backend == "triton":
+        return h * element + FP32 * (1 if rms else 2)
+    return FP32 * (2 * h + 1 if rms else h + 2)
 
 
-def block_activations(m, shape: Shape, tp: int = 1) -> int:
+def block_activations(m, shape: Shape, tp: int = 1, backend: str = "eager") -> int:
     """Bytes one block (beyond the first, for LNS) keeps for its backward pass, per micro-batch and
-    tensor-parallel rank."""
+    tensor-parallel rank, with the ``kernels.backend`` that runs its norms (scalars such as alpha not
+    counted)."""
     h, f, a, e = m.hidden_size, m.ffn_hidden_size, m.num_heads, shape.element
     layout = LAYOUTS[m.norm_layout]
     norms = len(layout.norms)
-    replicated = norms * _norm_activations(m) + 2 * h * e  # + the QKV and fc1 inputs
+    on_branch = sum(name.endswith("_post") for name in layout.norms)  # sandwich's norms of F's output
+    replicated = ((norms - on_branch) * _norm_activations(m, backend, shape.stream_bytes)
+                  + on_branch * _norm_activations(m, backend, e) + 2 * h * e)  # + the QKV and fc1 inputs
     rope = 2 * h if m.position == "rope" else 0
     split = (3 * h + rope + h + (5 if m.mlp == "swiglu" else 2) * f) * e // tp + a // tp * FP32  # + the LSE
     rope_tables = 4 * shape.seq * (h // a) * e if m.position == "rope" else 0  # cos and sin, for Q and K
-    # a norm whose gain is not the parameter itself (cast to fp32, or scaled by LNS) keeps that copy
-    gain_copies = norms * _norm_params(m) * FP32 if e != FP32 or layout.norm_out_scale(2) != 1.0 else 0
+    # a norm whose gain is not the parameter itself keeps that copy: scaled by LNS, or (eager, compiled)
+    # cast to fp32
+    scaled = layout.norm_out_scale(2) != 1.0
+    if backend == "triton":
+        gain_copies = norms * _norm_params(m) * e if scaled else 0
+    else:
+        gain_copies = norms * _norm_params(m) * FP32 if e != FP32 or scaled else 0
     return shape.seq * shape.batch * (replicated + split) + rope_tables + gain_copies
 
 
@@ -94,10 +111,10 @@ def embedding_activations(m, shape: Shape) -> int:
     return shape.seq * shape.batch * 8
 
 
-def head_activations(m, shape: Shape, vocab_size: int, tp: int = 1) -> int:
+def head_activations(m, shape: Shape, vocab_size: int, tp: int = 1, backend: str = "eager") -> int:
     """The final norm, the output layer's input, and what vocab-parallel cross-entropy keeps: the fp32
     softmax over this rank's vocab slice, a target mask and the local targets (9 bytes a token)."""
     h = m.hidden_size
-    final_norm = _norm_activations(m) if LAYOUTS[m.norm_layout].final_norm else 0
+    final_norm = _norm_activations(m, backend, shape.stream_bytes) if LAYOUTS[m.norm_layout].final_norm else 0
     vocab = padded_vocab_size(vocab_size, m.vocab_multiple) // tp
     return shape.seq * shape.batch * (final_norm + h * shape.element + FP32 * vocab + 9)

@@ -28,12 +28,12 @@ from prores.run.callbacks import Callback
 FAMILIES = {"act_rms": "layers/act_rms", "grad_norm": "layers/grad_norm", "alpha": "prores/alpha"}
 
 
-def _edges(centres: Sequence[float]) -> numpy.ndarray:
-    c = numpy.asarray(centres, dtype=float)
-    if len(c) == 1:
-        return numpy.array([c[0] - 0.5, c[0] + 0.5])
-    mid = (c[1:] + c[:-1]) / 2
-    return numpy.concatenate([[2 * c[0] - mid[0]], mid, [2 * c[-1] - mid[-1]]])
+def _edges(columns: Sequence[float]) -> numpy.ndarray:
+    """Column j spans [columns[j], columns[j + 1]): a value holds from its step until the next one, and the
+    picture starts at the first step (the last column is as wide as the one before it)."""
+    c = numpy.asarray(columns, dtype=float)
+    last = c[-1] + (c[-1] - c[-2] if len(c) > 1 else 1.0)
+    return numpy.append(c, last)
 
 
 def heatmap(values: numpy.ndarray, columns: Sequence[float], *, title: str, xlabel: str, label: str,

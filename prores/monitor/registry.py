@@ -29,10 +29,15 @@ CALLBACKS = {
 }
 
 
+# the callbacks that only watch (the others act: progress, best validation, divergence, checkpoints, signals)
+MONITORS = ("scalars", "spikes", "layer_stats", "heatmaps")
+
+
+def callback_class(name: str) -> type:
+    module, cls = CALLBACKS[name][0].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
 def build_callbacks(cfg) -> list:
     """The callbacks ``train.callbacks`` names, built from ``cfg``, in the registry's order."""
-    out = []
-    for name in (n for n in CALLBACKS if n in cfg.train.callbacks):
-        module, cls = CALLBACKS[name][0].split(":")
-        out.append(getattr(importlib.import_module(module), cls).from_config(cfg))
-    return out
+    return [callback_class(name).from_config(cfg) for name in CALLBACKS if name in cfg.train.callbacks]

@@ -96,14 +96,20 @@ def bubble(pp: int, micro_batches: int) -> float:
     return (pp - 1) / (micro_batches + pp - 1)
 
 
+def planned_backend(cfg) -> str:
+    """The kernels a planned run uses: ``auto`` picks triton on the GPUs that `prores plan` sizes."""
+    return "triton" if cfg.kernels.backend == "auto" else cfg.kernels.backend
+
+
 def stages(cfg, vocab_size: int, layout: Layout) -> list[StageMemory]:
     m, bf16 = cfg.model, cfg.train.precision == "bf16"
-    shape = Shape(m.seq_length, layout.micro_batch, 2 if bf16 else 4)
+    element = 2 if bf16 else 4
+    shape = Shape(m.seq_length, layout.micro_batch, element, stream=4 if m.fp32_residual else element)
+    backend = planned_backend(cfg)
     weight_bytes, state_bytes = (2, 12) if bf16 else (4, 8)
     shards = layout.dp if cfg.parallel.zero_stage == 1 else 1
-    one_block = block_activations(m, shape, layout.tp)
-    stream = 4 if m.fp32_residual else shape.element  # bytes of a residual-stream element
-    block_input = m.seq_length * layout.micro_batch * m.hidden_size * stream
+    one_block = block_activations(m, shape, layout.tp, backend)
+    block_input = m.seq_length * layout.micro_batch * m.hidden_size * shape.stream_bytes
     out = []
     counts = blocks_per_stage(cfg, vocab_size, layout.tp, layout.pp)
     for s, n in enumerate(counts):
@@ -113,7 +119,7 @@ def stages(cfg, vocab_size: int, layout: Layout) -> list[StageMemory]:
             ends += embedding_activations(m, shape)
         if s == len(counts) - 1:
             params += head_parameters(m, vocab_size, layout.tp)
-            ends += head_activations(m, shape, vocab_size, layout.tp)
+            ends += head_activations(m, shape, vocab_size, layout.tp, backend)
         in_flight = min(layout.micro_batches, layout.pp - s)
         full, kept = n * one_block + ends, n * block_input + ends
         held = in_flight * full if layout.recompute == "none" else in_flight * kept + one_block

@@ -83,7 +83,11 @@ def _problem(tag_dir: Path) -> Optional[str]:
 
 
 def _rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": numpy.random.get_state(), "torch": torch.get_rng_state()}
+    """Plain tensors, numbers and strings only, so that it loads with ``weights_only=True`` (no pickle
+    code runs): numpy's state array becomes a list of ints."""
+    name, keys, pos, has_gauss, cached = numpy.random.get_state()
+    state = {"python": random.getstate(), "numpy": (name, keys.tolist(), pos, has_gauss, cached),
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -91,7 +95,8 @@ def _rng_state() -> dict:
 
 def _set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
-    numpy.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    numpy.random.set_state((name, numpy.asarray(keys, dtype=numpy.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
@@ -188,7 +193,7 @@ class Checkpoints:
         path = found.path / "rng" / f"rank{dist.get_rank()}.pt"
         if found.manifest.get("world_size") != dist.get_world_size() or not path.is_file():
             return False
-        _set_rng_state(torch.load(path, weights_only=False))
+        _set_rng_state(torch.load(path, weights_only=True))
         return True
 
     def remove_all(self) -> None:

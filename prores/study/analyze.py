@@ -59,9 +59,10 @@ def analyze(run_dir: Path) -> Path:
         raise UsageError(f"{run_dir} is not a run directory (no config.yaml); give the --run-dir of a run.")
     cfg = load_config(run_dir / "config.yaml")
     steps = [found.step for found in Checkpoints(run_dir).complete()]
-    if not steps:
-        raise UsageError(f"{run_dir} has no complete checkpoint; keep some along a run with checkpoint.interval"
-                         " and checkpoint.keep_every.")
+    if len(steps) < 2:
+        have = "no complete checkpoint" if not steps else f"one checkpoint (step {steps[0]}), nothing to compare it with"
+        raise UsageError(f"{run_dir} has {have}; keep checkpoints along a run with checkpoint.interval (and"
+                         " checkpoint.keep_every, or checkpoint.keep_last=0, so that they stay).")
     topology.init(1, 1)
     tokenizer = load_tokenizer(cfg.data.tokenizer)
     probe = build_data(cfg, run_dir, tokenizer).valid[0][0]

@@ -23,6 +23,7 @@ from typing import Optional
 import yaml
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from prores.config import load_config
 from prores.errors import UsageError
@@ -33,6 +34,7 @@ from prores.study.state import cell_state
 from prores.study.sweep import read_cells
 
 DEPTH = "model.num_layers"
+LEGEND = 9  # points
 SEED = "train.seed"
 
 
@@ -213,7 +215,7 @@ def _figure(panels: int) -> tuple[Figure, list]:
     panels = max(panels, 1)  # an empty panel says there is nothing to show
     cols = min(panels, 3)
     rows = -(-panels // cols)
-    fig = Figure(figsize=(4.2 * cols, 3.4 * rows), dpi=100)
+    fig = Figure(figsize=(5.5 * cols, 4.2 * rows), dpi=100)
     FigureCanvasAgg(fig)
     return fig, [fig.add_subplot(rows, cols, i + 1) for i in range(panels)]
 
@@ -242,7 +244,7 @@ def plot_ppl_vs_depth(runs: list[Run], keys: list[str]) -> Figure:
     ax.set_xlabel("depth (blocks)")
     ax.set_ylabel("final validation ppl")
     ax.set_title("final validation ppl" + (" (red: a cell diverged or failed)" if failed else ""))
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=LEGEND)
     fig.tight_layout()
     return fig
 
@@ -270,7 +272,8 @@ def _panels_per_depth(runs: list[Run], series, title: str, xlabel: str, ylabel: 
         ax.set_title(title.format(depth=depth))
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
-        ax.legend(fontsize=6)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers and steps are whole numbers
+        ax.legend(fontsize=LEGEND)
     fig.tight_layout()
     return fig
 

@@ -35,7 +35,7 @@ from typing import Any, Optional
 
 import yaml
 
-from prores.config import PACKAGED_CONFIGS, load_config, yaml_value
+from prores.config import PACKAGED_CONFIGS, find_file, load_config, yaml_value
 from prores.errors import UsageError
 from prores.parallel.rendezvous import check_divisible
 from prores.run.files import write_atomic
@@ -144,12 +144,10 @@ def _read(path: Path) -> dict:
 
 
 def spec_path(spec: str) -> Path:
-    path = Path(spec)
-    if not path.is_file() and (PACKAGED_SWEEPS / spec).is_file():
-        path = PACKAGED_SWEEPS / spec
-    if not path.is_file():
-        raise SpecError(f"sweep spec '{spec}' does not exist; packaged sweeps live in {PACKAGED_SWEEPS}.")
-    return path
+    try:
+        return find_file(spec, PACKAGED_SWEEPS, "sweep spec")
+    except UsageError as exc:
+        raise SpecError(str(exc)) from None
 
 
 def expand(spec_file: str, root: str = "runs", processes: Optional[int] = None,
