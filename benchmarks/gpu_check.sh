@@ -3,7 +3,8 @@
 #   1. the fused kernels, compiled by Triton for the GPU, against the float64 reference;
 #   2. the bandwidth table: eager vs triton vs compile, next to device copy GB/s;
 #   3. a few training steps on CUDA with NCCL and the triton backend;
-#   4. the same with model.recompute=block.
+#   4. the same with model.recompute=block;
+#   5. the memory planner against torch.cuda.max_memory_allocated, bf16, recompute off and on.
 # Usage (from the repository root): bash benchmarks/gpu_check.sh [OUT_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,3 +31,6 @@ torchrun --standalone --nproc_per_node 1 -m prores train configs/depth/24.yaml \
   --set train.steps=10 --set train.eval_interval=10 --set train.log_interval=5 \
   --set kernels.backend=triton --set train.precision=bf16 --set model.recompute=block \
   --set logging.progress_bar=false --run-dir "$out/train-recompute" 2>&1 | tail -n 3 | tee "$out/train-recompute.txt"
+
+echo "== 5. the planner against torch.cuda.max_memory_allocated (one GPU, bf16, recompute off and on)"
+python benchmarks/memory.py --cuda 2>&1 | tee "$out/planner.txt"

@@ -16,12 +16,18 @@ Two regimes: activations dominate (4 blocks of width 256, 8 × 512 tokens: weigh
 optimizer states are ~11% of the plan) and parameters dominate (4 blocks of width 768, 2 × 16 tokens:
 ~99%), where bf16's 2 + 2 + 12 bytes a parameter and ZeRO-1's sharding of the 12 over dp show.
 
+On a GPU (``--cuda``, run by benchmarks/gpu_check.sh) the peak is torch.cuda.max_memory_allocated above
+what was allocated once the process group was up, for a bf16 model of the paper's width with and without
+recompute, against the plan for a GPU (DeepSpeed's reduce bucket allocated whole).
+
     python benchmarks/memory.py                   # the table: measured, planned, their ratio
+    python benchmarks/memory.py --cuda            # the same on one GPU
     python benchmarks/memory.py --one KEY=VALUE...  # one process's measurement as JSON (what the table runs)
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -57,7 +63,16 @@ CASES = {
     "parameters, fp32": (1, PARAMS, ()),
     "parameters, bf16": (1, PARAMS, ("train.precision=bf16",)),
     "parameters, fp32, dp2 ZeRO-1": (2, PARAMS, ("train.micro_batch_size=1",)),
+    "parameters, bf16, dp2 ZeRO-1": (2, PARAMS, ("train.micro_batch_size=1", "train.precision=bf16")),
+    "parameters, fp32, ZeRO-0": (1, PARAMS, ("parallel.zero_stage=0",)),
+    "parameters, bf16, ZeRO-0": (1, PARAMS, ("parallel.zero_stage=0", "train.precision=bf16")),
 }
+# on one GPU: 8 blocks of the paper's width (512, FFN 1368, 8 heads) over 4 x 1024 tokens, bf16, triton kernels
+GPU = ("model.num_layers=8", "model.hidden_size=512", "model.ffn_hidden_size=1368", "model.num_heads=8",
+       "model.seq_length=1024", "train.micro_batch_size=4", "train.precision=bf16", "data.eval_samples=4",
+       "kernels.backend=triton", f"train.steps={STEPS}", "train.eval_interval=1000", "logging.progress_bar=false",
+       "train.callbacks=[]")
+GPU_CASES = {"bf16": (), "bf16, recompute": ("model.recompute=block",)}
 
 
 def _status_kib(field: str) -> int:
@@ -76,20 +91,28 @@ def measure_here(overrides: tuple[str, ...]) -> dict:
     from prores.parallel import topology
     from prores.parallel.plan import Layout, stages
 
+    import torch
+
     cfg = load_config(None, overrides)
     topo = topology.init(cfg.parallel.tp, cfg.parallel.pp)
-    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
-    start = _status_kib("VmRSS")
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+    else:
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+        start = _status_kib("VmRSS") * 1024
     with tempfile.TemporaryDirectory() as run_dir:
         # every rank in one directory, as a run has it (rank 0 makes the shared caches)
         shared = Path(os.environ.get("MEMORY_RUN_DIR", run_dir))
         trainer = Trainer(cfg, shared, resume=False)
         for _ in range(STEPS):
             trainer.train_step()
-        peak = _status_kib("VmHWM")
+        peak = torch.cuda.max_memory_allocated() if cuda else _status_kib("VmHWM") * 1024
     layout = Layout(topo.tp, topo.pp, topo.dp, cfg.train.micro_batch_size, cfg.train.grad_accum, cfg.model.recompute)
-    planned = stages(cfg, load_tokenizer(cfg.data.tokenizer).vocab_size, layout)[topo.pp_rank]
-    return {"rank": topo.rank, "measured": (peak - start) * 1024, "planned": planned.peak,
+    planned = stages(cfg, load_tokenizer(cfg.data.tokenizer).vocab_size, layout,
+                     device="cuda" if cuda else "cpu")[topo.pp_rank]
+    return {"rank": topo.rank, "measured": peak - start, "planned": planned.peak,
             "activations": planned.activations if cfg.model.recompute == "none" else planned.recomputed}
 
 
@@ -98,7 +121,11 @@ def measure(processes: int, overrides: tuple[str, ...]) -> list[dict]:
     from prores.parallel.rendezvous import own_world
 
     env = own_world(os.environ)  # a world of its own, not the caller's
-    env.update(MALLOC_MMAP_THRESHOLD_="65536", DS_ACCELERATOR="cpu", OMP_NUM_THREADS=str(max(1, 2 // processes)))
+    env.update(MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS=str(max(1, 2 // processes)))
+    import torch
+
+    if not torch.cuda.is_available():
+        env["DS_ACCELERATOR"] = "cpu"
     with tempfile.TemporaryDirectory() as run_dir:
         env["MEMORY_RUN_DIR"] = run_dir
         launch = [sys.executable] if processes == 1 else [
@@ -111,6 +138,7 @@ def measure(processes: int, overrides: tuple[str, ...]) -> list[dict]:
     return sorted(results, key=lambda r: r["rank"])
 
 
+@functools.lru_cache(maxsize=None)
 def runtime_cost(processes: int = 1, pp: int = 1) -> list[int]:
     """Per rank: bytes of the peak that are the runtime's, not the model's (one block a stage)."""
     layout = (f"model.num_layers={pp}", f"parallel.pp={pp}")
@@ -131,6 +159,14 @@ def main() -> None:
         print(json.dumps(measure_here(tuple(sys.argv[2:]))), flush=True)
         return
     mib = 2**20
+    if sys.argv[1:2] == ["--cuda"]:
+        print("| case (one GPU, nothing subtracted) | measured peak (MiB) | planned (MiB) | planned / measured |")
+        print("| --- | ---: | ---: | ---: |")
+        for name, extra in GPU_CASES.items():
+            r = measure(1, GPU + extra)[0]
+            print(f"| {name} | {r['measured'] / mib:.0f} | {r['planned'] / mib:.0f} | {r['planned'] / r['measured']:.2f} |",
+                  flush=True)
+        return
     print("| case | rank | measured peak (MiB) | the runtime's | less the runtime's | planned (MiB) | planned / measured |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     results = {}

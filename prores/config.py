@@ -38,8 +38,8 @@ class ConfigError(UsageError):
     """A bad config value. The message alone tells the user what to change."""
 
 
-def _key(default, help: str, *, choices=None, minimum=None):
-    meta = {"choices": choices, "minimum": minimum, "help": help}
+def _key(default, help: str, *, choices=None, minimum=None, above=None):
+    meta = {"choices": choices, "minimum": minimum, "above": above, "help": help}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
     return field(default=default, metadata=meta)
@@ -75,7 +75,8 @@ class ModelConfig:
 class ProResConfig:
     schedule: str = _key("linear", "alpha(l, t), see the schedule table; none turns ProRes off",
                          choices=tuple(SCHEDULES))
-    T: int = _key(1000, "per-layer warmup length in steps", minimum=1)
+    T: float = _key(1000.0, "per-layer warmup length in steps, a positive real: block l saturates at step"
+                            " T·l under linear (so a short run keeps the paper's warmup fractions)", above=0.0)
 
 
 @dataclass
@@ -260,6 +261,9 @@ def _check_field(key: str, value: Any, meta: dict) -> None:
             )
     if minimum is not None and value < minimum:
         raise ConfigError(f"{key}: {value!r} is below the minimum {minimum}.")
+    above = meta.get("above")
+    if above is not None and not value > above:
+        raise ConfigError(f"{key}: {value!r} must be above {above:g}.")
 
 
 def _build(cls, data: dict, prefix: str):

@@ -170,11 +170,17 @@ def test_dropout_streams_differ_between_data_parallel_ranks_and_stages_only():
     assert dropout_seed(1234, topo(1, 3)) == seeds[(1, 3)] != dropout_seed(1235, topo(1, 3))
 
 
+# Where the plan claims ±15% of the measured peak (the README's table has every case): activations
+# dominating (fp32 and bf16, recompute, DeepNorm, tp=2, both stages of pp=2 with two micro-batches in
+# flight on the first) and parameters dominating (bf16's bytes, ZeRO-1 sharded over dp=2).
+MEASURED = ["swiglu, rope", "swiglu, rope, recompute", "deepnorm", "bf16", "tp2", "pp2, 2 micro-batches in flight",
+            "parameters, bf16", "parameters, fp32, dp2 ZeRO-1"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["swiglu, rope", "swiglu, rope, recompute"])
+@pytest.mark.parametrize("case", MEASURED)
 def test_planned_peak_memory_is_within_15_percent_of_a_measured_step(case):
-    """benchmarks/memory.py's measure: the peak resident set of fresh `prores train` processes, less the
-    runtime's fixed cost, measured the same way on a 1-block model."""
-    got = memory.measure(memory.SHAPE + memory.CASES[case])
-    above = got["measured"] - memory.runtime_cost()
-    assert 0.85 <= got["planned"] / above <= 1.15, (got, above)
+    """benchmarks/memory.py's measure: every rank's peak resident set in fresh `prores train` processes
+    (one, or under torchrun), less the runtime's fixed cost, measured the same way on a tiny model."""
+    for rank in memory.case(case):
+        assert 0.85 <= rank["planned"] / rank["above"] <= 1.15, (case, rank)

@@ -38,8 +38,10 @@ CONFIG = ("model.num_layers=8", "model.seq_length=128", "train.micro_batch_size=
           "train.log_interval=1", "train.eval_interval=10", "data.eval_samples=16", "checkpoint.interval=10",
           "kernels.backend=eager", "logging.progress_bar=false")
 # dropout: each data-parallel rank draws its own masks, and a resume draws the same ones again
+# a fractional T: T·L = 14 lies between the kill at step 10 and the end, so the resumed run saturates
 LAYOUTS = {"pp1": (None, ()), "pp2": (torchrun(2), ("parallel.pp=2",)),
-           "dp2-dropout": (torchrun(2), ("train.micro_batch_size=4", "model.dropout=0.1"))}
+           "dp2-dropout": (torchrun(2), ("train.micro_batch_size=4", "model.dropout=0.1")),
+           "pp1-T1.75": (None, ("prores.T=1.75",))}
 
 
 def train_args(run_dir, *overrides) -> list[str]:

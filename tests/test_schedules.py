@@ -54,6 +54,17 @@ def test_saturation_step_is_exactly_where_all_alphas_reach_one(schedule):
         assert not all(p.alpha(l, at - 1) == 1.0 for l in range(1, L + 1))
 
 
+def test_a_fractional_T():
+    """prores.T = 2.5 with L = 4: block l saturates at step 2.5·l, the whole stack at step 10 (T·L)."""
+    p = ProRes("linear", 2.5, 4)
+    assert [p.alpha(3, t) for t in (0, 3, 5, 7, 8)] == pytest.approx([0.0, 0.4, 2 / 3, 14 / 15, 1.0], abs=1e-15)
+    assert p.alpha(4, 9) == 0.9 and p.alpha(4, 10) == 1.0
+    assert [p.saturated(t) for t in (9, 10)] == [False, True]
+    q = ProRes("stagewise-0", 2.5, 4)  # block 2 warms up over steps 2.5..5
+    assert [q.alpha(2, t) for t in (2, 3, 4, 5)] == pytest.approx([0.0, 0.2, 0.6, 1.0], abs=1e-15)
+    assert ProRes("equal", 0.5, 4).saturated(1) and not ProRes("equal", 1.5, 4).saturated(1)
+
+
 def test_alpha_is_monotone_and_bounded():
     for name in SCHEDULES:
         p = ProRes(name, 7, 5)

@@ -1,8 +1,9 @@
 """Progressive Residual Warmup: alpha(l, t) schedules as pure functions.
 
 ``l`` is the GLOBAL 1-based block index, ``t`` the number of completed
-optimizer steps, ``T`` the per-layer warmup length and ``L`` the number of
-blocks. alpha scales both residual branches of block ``l``. It is a schedule,
+optimizer steps, ``T`` the per-layer warmup length (a positive real, so that
+a short run can keep the paper's warmup as a share of training) and ``L``
+the number of blocks. alpha scales both residual branches of block ``l``. It is a schedule,
 never a parameter, so it is recomputed from ``t`` and a resume is exact.
 
 Each schedule also says from which step on every alpha is 1 forever
@@ -18,27 +19,27 @@ from typing import Callable, Optional
 from prores.errors import UsageError
 
 
-def _linear(l: int, t: int, T: int, L: int) -> float:
+def _linear(l: int, t: int, T: float, L: int) -> float:
     return min(t / (T * l), 1.0)
 
 
-def _stagewise0(l: int, t: int, T: int, L: int) -> float:
+def _stagewise0(l: int, t: int, T: float, L: int) -> float:
     return min(max((t - T * (l - 1)) / T, 0.0), 1.0)
 
 
-def _never_unless_one_layer(T: int, L: int) -> Optional[int]:
+def _never_unless_one_layer(T: float, L: int) -> Optional[float]:
     return 0 if L == 1 else None
 
 
-def _after_all_layers(T: int, L: int) -> Optional[int]:
+def _after_all_layers(T: float, L: int) -> Optional[float]:
     return T * L
 
 
 @dataclass(frozen=True)
 class Schedule:
     name: str
-    fn: Callable[[int, int, int, int], float]
-    saturates_at: Callable[[int, int], Optional[int]]
+    fn: Callable[[int, int, float, int], float]
+    saturates_at: Callable[[float, int], Optional[float]]  # the first step from which every alpha is 1
     doc: str
 
 
@@ -70,7 +71,7 @@ class ProRes:
     """A schedule bound to its ``T`` and ``L``; what each block holds."""
 
     schedule: str
-    T: int
+    T: float
     num_layers: int
 
     def __post_init__(self):

@@ -1,15 +1,14 @@
 """Memory and pipeline-bubble model of a run, and the layout it recommends for a number of GPUs.
 
-Per pipeline stage and rank: weights, gradients and optimizer states (the ZeRO paper's accounting,
-Rajbhandari et al. 2020: mixed precision keeps 2 + 2 bytes a parameter of bf16 weights and gradients
-and K = 12 bytes of fp32 master weights and Adam moments, which ZeRO-1 shards over dp; fp32 keeps
-4 + 4 and 8), and activations (:mod:`prores.model.size`, per micro-batch). DeepSpeed's 1F1B schedule
+Per pipeline stage and rank: weights, gradients and optimizer states (:func:`parameter_bytes`: the ZeRO
+paper's accounting, Rajbhandari et al. 2020, with the buffers DeepSpeed's optimizers add to it), and
+activations (:mod:`prores.model.size`, per micro-batch). DeepSpeed's 1F1B schedule
 keeps min(m, p - s) micro-batches in flight on stage s (m micro-batches a step, p stages), so stage 0
 holds p micro-batches' activations. With ``model.recompute=block`` a stage keeps only each block's
 input per micro-batch, plus one block's activations while it is recomputed.
 
-Not modelled: the framework's buffers (communication buckets, the allocator's slack, CUDA context),
-for which the planner leaves ``HEADROOM`` of every GPU free.
+Not modelled: the allocator's slack, the CUDA context and NCCL's buffers, for which the planner leaves
+``HEADROOM`` of every GPU free.
 """
 
 from __future__ import annotations
@@ -22,6 +21,31 @@ from prores.model.size import (Shape, block_activations, block_parameters, embed
 
 HEADROOM = 0.10
 GiB = 2**30
+REDUCE_BUCKET = 500_000_000  # DeepSpeed's default zero_optimization.reduce_bucket_size, in elements
+
+
+def parameter_bytes(params: int, bf16: bool, zero_stage: int, dp: int, device: str = "cuda") -> tuple[int, int, int]:
+    """(weights, gradients, optimizer) bytes of ``params`` parameters on one rank at the peak of a step.
+
+    The ZeRO paper's accounting (Rajbhandari et al. 2020: 2 + 2 bytes of bf16 weights and gradients, 12 of
+    fp32 master weights and Adam moments), with the buffers DeepSpeed's optimizers add to it, as read in
+    deepspeed/runtime/zero/stage_1_and_2.py and bf16_optimizer.py and measured (benchmarks/memory.py):
+
+    * ZeRO-1: the weights (w = 2 bytes in bf16, 4 in fp32) and their gradients (w) whole on every rank;
+      this rank's share of the rest: the reduced gradients of its partition (w), the fp32 master copy of
+      the partition (4, in fp32 runs too) and its fp32 gradient (4), Adam's two moments (8) and the
+      denominator torch's AdamW computes out of place (4). On a GPU the pipeline engine also allocates the
+      whole reduce bucket (``REDUCE_BUCKET`` elements of w bytes); on a CPU its pages stay untouched.
+    * ZeRO-0 fp32 (prores's GlobalNormAdamW): weights, gradients, moments and the denominator.
+    * ZeRO-0 bf16 (DeepSpeed's bf16 optimizer): bf16 weights and gradients, an fp32 gradient accumulator and
+      the master's fp32 gradient, the fp32 master, the moments and the denominator."""
+    w = 2 if bf16 else 4
+    if zero_stage == 1:
+        bucket = REDUCE_BUCKET * w if device == "cuda" else 0
+        return params * w, params * w + bucket, params * (w + 4 + 4 + 8 + 4) // dp
+    if bf16:
+        return params * w, params * (w + 4 + 4), params * (4 + 8 + 4)
+    return params * w, params * w, params * (8 + 4)
 
 
 def uniform_blocks(num_blocks: int, stages: int) -> list[int]:
@@ -101,13 +125,13 @@ def planned_backend(cfg) -> str:
     return "triton" if cfg.kernels.backend == "auto" else cfg.kernels.backend
 
 
-def stages(cfg, vocab_size: int, layout: Layout) -> list[StageMemory]:
+def stages(cfg, vocab_size: int, layout: Layout, device: str = "cuda") -> list[StageMemory]:
+    """Per pipeline stage, what one of its ranks holds; ``device``: the GPUs `prores plan` sizes, or "cpu"
+    (what the memory benchmark measures: DeepSpeed's reduce bucket counts only where gradients touch it)."""
     m, bf16 = cfg.model, cfg.train.precision == "bf16"
     element = 2 if bf16 else 4
     shape = Shape(m.seq_length, layout.micro_batch, element, stream=4 if m.fp32_residual else element)
     backend = planned_backend(cfg)
-    weight_bytes, state_bytes = (2, 12) if bf16 else (4, 8)
-    shards = layout.dp if cfg.parallel.zero_stage == 1 else 1
     one_block = block_activations(m, shape, layout.tp, backend)
     block_input = m.seq_length * layout.micro_batch * m.hidden_size * shape.stream_bytes
     out = []
@@ -123,7 +147,7 @@ def stages(cfg, vocab_size: int, layout: Layout) -> list[StageMemory]:
         in_flight = min(layout.micro_batches, layout.pp - s)
         full, kept = n * one_block + ends, n * block_input + ends
         held = in_flight * full if layout.recompute == "none" else in_flight * kept + one_block
-        weights, grads, optimizer = params * weight_bytes, params * weight_bytes, params * state_bytes // shards
+        weights, grads, optimizer = parameter_bytes(params, bf16, cfg.parallel.zero_stage, layout.dp, device)
         out.append(StageMemory(n, params, weights, grads, optimizer, full, kept + one_block, in_flight,
                                weights + grads + optimizer + held))
     return out

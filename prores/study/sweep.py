@@ -6,12 +6,16 @@ base: tiny.yaml               # a config file or a packaged name
 set: {train.steps: 300}       # fixed overrides
 grid:                         # the product of the lists is the set of cells
   model.num_layers: [6, 12, 24]
-  prores.schedule: [linear, none]
+  method:                     # a named axis: each name stands for the overrides under it
+    Pre-LN: {prores.schedule: none}
+    Pre-LN + ProRes: {prores.schedule: linear}
 seeds: [1, 2]                 # each cell once per seed (train.seed)
-where:                        # overrides (and Slurm resources) for the cells that match
+where:                        # overrides (and Slurm resources, and seeds) for the cells that match
   - when: {model.num_layers: [96, 120]}    # a value, or a list of values
     set: {prores.T: 500, parallel.pp: 4}
     slurm: {nodes: 2}
+  - when: {method: Pre-LN}
+    seeds: [1, 2, 3]          # these cells once per seed of this list instead
 slurm: {nodes: 1, ntasks_per_node: 8, gpus_per_node: 8, cpus_per_task: 8, time: "24:00:00"}
 ```
 
@@ -121,17 +125,19 @@ def _read(path: Path) -> dict:
         if not isinstance(spec.get(entry) or {}, dict):
             raise SpecError(f"{path}: '{entry}' must be a mapping of KEY: VALUE.")
     for key, values in (spec.get("grid") or {}).items():
-        if not isinstance(values, list) or not values:
-            raise SpecError(f"{path}: grid entry {key!r} must be a non-empty list of values, got {values!r}.")
-    seeds = spec.get("seeds")
-    if seeds is not None and (not isinstance(seeds, list) or not seeds or
-                              not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
-        raise SpecError(f"{path}: 'seeds' must be a non-empty list of integers, got {seeds!r}.")
+        named = isinstance(values, dict) and all(isinstance(v, dict) or v is None for v in values.values())
+        if not (named or isinstance(values, list)) or not values:
+            raise SpecError(f"{path}: grid entry {key!r} must be a non-empty list of values, or a mapping of names"
+                            f" to the overrides each stands for, got {values!r}.")
     where = spec.get("where") or []
     if not isinstance(where, list) or not all(isinstance(r, dict) and isinstance(r.get("when"), dict)
-                                              and set(r) <= {"when", "set", "slurm"} for r in where):
+                                              and set(r) <= {"when", "set", "slurm", "seeds"} for r in where):
         raise SpecError(f"{path}: 'where' is a list of rules, each {{when: {{KEY: VALUE or [VALUES]}},"
-                        " set: {...}, slurm: {...}}.")
+                        " set: {...}, slurm: {...}, seeds: [...]}.")
+    for seeds in [spec.get("seeds")] + [r.get("seeds") for r in where]:
+        if seeds is not None and (not isinstance(seeds, list) or not seeds or
+                                  not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
+            raise SpecError(f"{path}: 'seeds' must be a non-empty list of integers, got {seeds!r}.")
     for resources in [spec.get("slurm") or {}] + [r.get("slurm") or {} for r in where]:
         unknown = sorted(set(resources) - set(SLURM_KEYS))
         if unknown:
@@ -160,26 +166,22 @@ def expand(spec_file: str, root: str = "runs", processes: Optional[int] = None,
     name = name or spec.get("name") or path.stem
     sweep_dir = Path(root).absolute() / name
     grid = spec.get("grid") or {}
-    seeds = spec.get("seeds")
-    keys = list(grid) + (["train.seed"] if seeds else [])
     cells = []
-    for index, combo in enumerate(itertools.product(*grid.values(), *([seeds] if seeds else []))):
-        values = dict(zip(keys, combo))
-        settings = dict(spec.get("set") or {}) | values
-        slurm = SLURM_KEYS | (spec.get("slurm") or {})
+    for combo in itertools.product(*[list(values) for values in grid.values()]):
+        values = dict(zip(grid, combo))
+        settings = dict(spec.get("set") or {})
+        for key, value in values.items():
+            settings |= (grid[key][value] or {}) if isinstance(grid[key], dict) else {key: value}
+        slurm, seeds = SLURM_KEYS | (spec.get("slurm") or {}), spec.get("seeds")
         for rule in spec.get("where") or []:
             if _matches(rule["when"], values):
                 settings |= rule.get("set") or {}
                 slurm |= rule.get("slurm") or {}
-        cell_name = "-".join(_token(k, v) for k, v in values.items()) or "cell"
-        overrides = [f"{k}={yaml_value(v)}" for k, v in settings.items()]
-        cell = Cell(index, cell_name, str(sweep_dir / cell_name), str(spec["base"]), overrides, values, slurm)
-        try:
-            cfg = load_config(cell.base, tuple(overrides))
-            check_divisible(processes or slurm["nodes"] * slurm["ntasks_per_node"], cfg.parallel.tp, cfg.parallel.pp)
-        except UsageError as exc:
-            raise SpecError(f"{path}: cell {cell_name} ({', '.join(overrides)}): {exc}") from None
-        cells.append(cell)
+                seeds = rule.get("seeds", seeds)
+        for seed in seeds or [None]:
+            cell_values = values | ({} if seed is None else {"train.seed": seed})
+            cell_settings = settings | ({} if seed is None else {"train.seed": seed})
+            cells.append(_cell(path, len(cells), sweep_dir, spec, cell_values, cell_settings, slurm, processes))
     names = [c.name for c in cells]
     clashes = sorted({n for n in names if names.count(n) > 1})
     if clashes:
@@ -209,6 +211,20 @@ def check_unchanged(sweep_dir: Path, cells: list[Cell], spec_file: str) -> None:
 def _same(a: Cell, b: Cell) -> bool:
     """The same cell, wherever the sweep directory was reached from (older sweeps stored relative paths)."""
     return asdict(a) | {"run_dir": Path(a.run_dir).name} == asdict(b) | {"run_dir": Path(b.run_dir).name}
+
+
+def _cell(path: Path, index: int, sweep_dir: Path, spec: dict, values: dict, settings: dict, slurm: dict,
+          processes: Optional[int]) -> Cell:
+    """One validated cell: its name from its grid values, its overrides from the spec's settings."""
+    cell_name = "-".join(_token(k, v) for k, v in values.items()) or "cell"
+    overrides = [f"{k}={yaml_value(v)}" for k, v in settings.items()]
+    cell = Cell(index, cell_name, str(sweep_dir / cell_name), str(spec["base"]), overrides, values, slurm)
+    try:
+        cfg = load_config(cell.base, tuple(overrides))
+        check_divisible(processes or slurm["nodes"] * slurm["ntasks_per_node"], cfg.parallel.tp, cfg.parallel.pp)
+    except UsageError as exc:
+        raise SpecError(f"{path}: cell {cell_name} ({', '.join(overrides)}): {exc}") from None
+    return cell
 
 
 def write_cells(sweep_dir: Path, cells: list[Cell]) -> Path:
