@@ -24,28 +24,39 @@ GiB = 2**30
 REDUCE_BUCKET = 500_000_000  # DeepSpeed's default zero_optimization.reduce_bucket_size, in elements
 
 
-def parameter_bytes(params: int, bf16: bool, zero_stage: int, dp: int, device: str = "cuda") -> tuple[int, int, int]:
-    """(weights, gradients, optimizer) bytes of ``params`` parameters on one rank at the peak of a step.
+@dataclass(frozen=True)
+class ParameterBytes:
+    """What ``params`` parameters cost one rank: the optimizer's state lives all along, the gradients from
+    the backward pass through the optimizer step, and the step adds its own buffers while the backward
+    pass's activations are gone (so a stage's peak holds the larger of the two)."""
 
-    The ZeRO paper's accounting (Rajbhandari et al. 2020: 2 + 2 bytes of bf16 weights and gradients, 12 of
-    fp32 master weights and Adam moments), with the buffers DeepSpeed's optimizers add to it, as read in
+    weights: int
+    grads: int
+    optimizer: int
+    step: int  # what the optimizer step adds while the activations are gone
+    step: int
+
+
+def parameter_bytes(params: int, bf16: bool, zero_stage: int, dp: int, device: str = "cuda") -> ParameterBytes:
+    """The ZeRO paper's accounting (Rajbhandari et al. 2020: 2 + 2 bytes of bf16 weights and gradients, 12 of
+    fp32 master weights and Adam moments), with the buffers DeepSpeed's optimizers add, as read in
     deepspeed/runtime/zero/stage_1_and_2.py and bf16_optimizer.py and measured (benchmarks/memory.py):
 
-    * ZeRO-1: the weights (w = 2 bytes in bf16, 4 in fp32) and their gradients (w) whole on every rank;
-      this rank's share of the rest: the reduced gradients of its partition (w), the fp32 master copy of
-      the partition (4, in fp32 runs too) and its fp32 gradient (4), Adam's two moments (8) and the
-      denominator torch's AdamW computes out of place (4). On a GPU the pipeline engine also allocates the
-      whole reduce bucket (``REDUCE_BUCKET`` elements of w bytes); on a CPU its pages stay untouched.
-    * ZeRO-0 fp32 (prores's GlobalNormAdamW): weights, gradients, moments and the denominator.
-    * ZeRO-0 bf16 (DeepSpeed's bf16 optimizer): bf16 weights and gradients, an fp32 gradient accumulator and
-      the master's fp32 gradient, the fp32 master, the moments and the denominator."""
+    * ZeRO-1: the weights (w = 2 bytes in bf16, 4 in fp32) and their gradients (w) whole on every rank, the
+      fp32 master copy of this rank's partition (4, in fp32 runs too) and Adam's two moments (8) as its 1/dp
+      share; the step adds, as 1/dp shares, the partition's reduced gradients (w) and their fp32 copy (4),
+      and the denominator torch's AdamW computes out of place (4). On a GPU the pipeline engine also keeps
+      the whole reduce bucket (``REDUCE_BUCKET`` elements of w bytes); on a CPU its pages stay untouched.
+    * ZeRO-0 fp32 (prores's GlobalNormAdamW): weights, gradients and moments; the step adds the denominator.
+    * ZeRO-0 bf16 (DeepSpeed's bf16 optimizer): bf16 weights, bf16 gradients and an fp32 accumulator of them,
+      the fp32 master and the moments; the step adds the master's fp32 gradient and the denominator."""
     w = 2 if bf16 else 4
     if zero_stage == 1:
         bucket = REDUCE_BUCKET * w if device == "cuda" else 0
-        return params * w, params * w + bucket, params * (w + 4 + 4 + 8 + 4) // dp
+        return ParameterBytes(params * w, params * w, params * (4 + 8) // dp + bucket, params * (w + 4 + 4) // dp)
     if bf16:
-        return params * w, params * (w + 4 + 4), params * (4 + 8 + 4)
-    return params * w, params * w, params * (8 + 4)
+        return ParameterBytes(params * w, params * (w + 4), params * (4 + 8), params * (4 + 4))
+    return ParameterBytes(params * w, params * w, params * 8, params * 4)
 
 
 def uniform_blocks(num_blocks: int, stages: int) -> list[int]:
@@ -109,10 +120,12 @@ class StageMemory:
     weights: int
     grads: int
     optimizer: int
+    step: int  # what the optimizer step adds while the activations are gone
     activations: int  # one micro-batch, without recompute
     recomputed: int  # one micro-batch, with model.recompute=block
     in_flight: int  # micro-batches whose activations the stage holds at once
-    peak: int  # weights + grads + optimizer + in-flight activations, with the layout's recompute
+    peak: int  # weights + grads + optimizer + the larger of the in-flight activations (with the layout's
+    # recompute) and the optimizer step's buffers
 
 
 def bubble(pp: int, micro_batches: int) -> float:
@@ -147,9 +160,9 @@ def stages(cfg, vocab_size: int, layout: Layout, device: str = "cuda") -> list[S
         in_flight = min(layout.micro_batches, layout.pp - s)
         full, kept = n * one_block + ends, n * block_input + ends
         held = in_flight * full if layout.recompute == "none" else in_flight * kept + one_block
-        weights, grads, optimizer = parameter_bytes(params, bf16, cfg.parallel.zero_stage, layout.dp, device)
-        out.append(StageMemory(n, params, weights, grads, optimizer, full, kept + one_block, in_flight,
-                               weights + grads + optimizer + held))
+        p = parameter_bytes(params, bf16, cfg.parallel.zero_stage, layout.dp, device)
+        out.append(StageMemory(n, params, p.weights, p.grads, p.optimizer, p.step, full, kept + one_block, in_flight,
+                               p.weights + p.grads + p.optimizer + max(held, p.step)))
     return out
 
 
@@ -212,12 +225,12 @@ def _gib(n: int) -> str:
 
 
 def stage_table(stage_list: list[StageMemory]) -> str:
-    rows = ["| stage | blocks | parameters | weights | grads | optimizer | activations / micro-batch"
+    rows = ["| stage | blocks | parameters | weights | grads | optimizer (step) | activations / micro-batch"
             " (recompute) | in flight | peak |",
             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for i, s in enumerate(stage_list):
         rows.append(f"| {i} | {s.blocks} | {s.parameters / 1e6:.1f}M | {_gib(s.weights)} | {_gib(s.grads)} |"
-                    f" {_gib(s.optimizer)} | {_gib(s.activations)} ({_gib(s.recomputed)}) | {s.in_flight} |"
+                    f" {_gib(s.optimizer)} ({_gib(s.step)}) | {_gib(s.activations)} ({_gib(s.recomputed)}) | {s.in_flight} |"
                     f" {_gib(s.peak)} |")
     return "\n".join(rows)
 

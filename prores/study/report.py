@@ -14,149 +14,43 @@ config keys whose values differ between them.
 from __future__ import annotations
 
 import csv
-import math
+import json
 import statistics
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-import yaml
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from prores.config import load_config
-from prores.errors import UsageError
 from prores.monitor.heatmaps import heatmap, png, series_matrix
-from prores.monitor.tensorboard import read_scalars
-from prores.run.summary import read_summary
-from prores.study.state import cell_state
-from prores.study.sweep import read_cells
+from prores.run.checkpoint import Checkpoints
+from prores.study.claims import Study, claims_json, claims_markdown, role
+from prores.study.runs import DEPTH, Run, collect, groups, mean_spread, ppl, state_text
 
-DEPTH = "model.num_layers"
 LEGEND = 9  # points
-SEED = "train.seed"
-
-
-@dataclass
-class Run:
-    name: str
-    run_dir: Path
-    grid: dict  # the values that tell this run from the others (seed apart)
-    seed: Optional[int]
-    state: str
-    config: dict = field(default_factory=dict)  # flat, resolved
-    summary: dict = field(default_factory=dict)
-    scalars: dict = field(default_factory=dict)  # tag -> {step: value}
-
-    @property
-    def completed(self) -> bool:
-        return self.state == "completed"
-
-    @property
-    def depth(self) -> Optional[int]:
-        """From the resolved config, or, for a cell that failed before it wrote one, from its grid values."""
-        return self.config.get(DEPTH, self.grid.get(DEPTH))
-
-    def last(self, prefix: str) -> dict[int, float]:
-        """The last logged value of each layer of a per-layer family."""
-        return {int(tag.rsplit("_", 1)[1]): values[max(values)] for tag, values in self.scalars.items()
-                if tag.startswith(prefix + "/layer_")}
-
-
-def _read_events(run_dir: Path) -> dict:
-    return read_scalars(run_dir, lambda t: t == "valid/loss" or t.startswith(("layers/act_rms/", "prores/alpha/")))
-
-
-def _flat_config(run_dir: Path) -> dict:
-    path = run_dir / "config.yaml"
-    return load_config(path).flat() if path.is_file() else {}
-
-
-def collect(targets: list[Path]) -> tuple[list[Run], list[str], Optional[str]]:
-    """The runs, the grid keys (in order) and, for a sweep still running, what is missing."""
-    if len(targets) == 1 and (targets[0] / "cells.jsonl").is_file():
-        sweep_dir = targets[0]
-        cells = read_cells(sweep_dir)
-        keys = [k for k in cells[0].grid if k != SEED]
-        runs = []
-        for cell in cells:
-            run_dir = Path(cell.run_dir)
-            runs.append(Run(cell.name, run_dir, {k: cell.grid[k] for k in keys}, cell.grid.get(SEED),
-                            cell_state(sweep_dir, cell).state, _flat_config(run_dir), read_summary(run_dir) or {},
-                            _read_events(run_dir)))
-        unfinished = [r for r in runs if r.state not in ("completed", "diverged", "failed", "stopped")]
-        counts = {}
-        for r in runs:
-            counts[r.state] = counts.get(r.state, 0) + 1
-        note = None if not unfinished else (
-            f"**In progress**: {', '.join(f'{n} {s}' for s, n in sorted(counts.items()))} of {len(runs)} cells;"
-            " this report shows what exists so far.")
-        return runs, keys, note
-    missing = [str(t) for t in targets if not (t / "config.yaml").is_file()]
-    if missing:
-        raise UsageError(f"not run directories (no config.yaml): {', '.join(missing)}; give a sweep directory"
-                         " (with cells.jsonl) or run directories.")
-    configs = {t: _flat_config(t) for t in targets}
-    keys = [k for k in next(iter(configs.values())) if k != SEED
-            and len({yaml.safe_dump(c.get(k)) for c in configs.values()}) > 1]
-    runs = []
-    for t, config in configs.items():
-        summary = read_summary(t) or {}
-        runs.append(Run(t.name, t, {k: config[k] for k in keys}, config.get(SEED), summary.get("status", "unknown"),
-                        config, summary, _read_events(t)))
-    return runs, keys, None
-
-
-def _ppl(loss: Optional[float]) -> Optional[float]:
-    return None if loss is None else math.exp(min(loss, 50.0))
-
-
-def _mean_spread(values: list[float], digits: int = 4) -> str:
-    if not values:
-        return ""
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{statistics.fmean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
-
-
-def _state_text(runs: list[Run]) -> str:
-    parts = []
-    for state in sorted({r.state for r in runs}):
-        group = [r for r in runs if r.state == state]
-        at = [str(r.summary["diverged_at"]) for r in group if r.summary.get("diverged_at") is not None]
-        parts.append(f"{state} {len(group)}" + (f" (at step {', '.join(at)})" if at else ""))
-    return ", ".join(parts)
-
-
-def _groups(runs: list[Run], keys: list[str]) -> dict[tuple, list[Run]]:
-    groups: dict[tuple, list[Run]] = {}
-    for r in runs:
-        groups.setdefault(tuple(yaml.safe_dump(r.grid[k]) for k in keys), []).append(r)
-    return groups
-
 
 def table(runs: list[Run], keys: list[str]) -> list[list[str]]:
     """Markdown rows: one per cell (seeds averaged over the completed ones)."""
     head = keys + ["params", "steps", "final valid loss", "final ppl", "best valid loss", "best ppl",
                    "loss spike score", "grad-norm spike score", "status", "tokens/s", "seeds"]
     rows = [head]
-    for group in _groups(runs, keys).values():
+    for group in groups(runs, keys).values():
         done = [r for r in group if r.completed]
         s = [r.summary for r in done]
 
         def spread(values, digits=4):
-            return _mean_spread([v for v in values if v is not None], digits) if done else "—"
+            return mean_spread([v for v in values if v is not None], digits) if done else "—"
 
         spikes = [x.get("spikes", {}) for x in s]
         rows.append([str(group[0].grid[k]) for k in keys] + [
             f"{group[0].summary['parameters']:,}" if group[0].summary.get("parameters") else "",
             "/".join(sorted({str(r.summary.get("steps", "")) for r in group})),
-            spread([x["final_valid_loss"] for x in s]), spread([_ppl(x["final_valid_loss"]) for x in s], 2),
-            spread([x.get("best_valid_loss") for x in s]), spread([_ppl(x.get("best_valid_loss")) for x in s], 2),
+            spread([x["final_valid_loss"] for x in s]), spread([ppl(x["final_valid_loss"]) for x in s], 2),
+            spread([x.get("best_valid_loss") for x in s]), spread([ppl(x.get("best_valid_loss")) for x in s], 2),
             spread([sp.get("train/loss", {}).get("score") for sp in spikes]),
             spread([sp.get("train/grad_norm", {}).get("score") for sp in spikes]),
-            _state_text(group), spread([x.get("tokens_per_sec") for x in s], 0),
+            state_text(group), spread([x.get("tokens_per_sec") for x in s], 0),
             str(len(group))])
     return rows
 
@@ -175,10 +69,10 @@ def act_growth(run: Run) -> Optional[tuple[float, float]]:
 def growth_table(runs: list[Run], keys: list[str]) -> list[list[str]]:
     """Markdown rows: per cell, the activation growth over its completed seeds (mean ± std)."""
     rows = [keys + ["last / first act RMS", "growth per block", "seeds"]]
-    for group in _groups(runs, keys).values():
+    for group in groups(runs, keys).values():
         growth = [g for g in map(act_growth, group) if g is not None]
         rows.append([str(group[0].grid[k]) for k in keys]
-                    + [_mean_spread([g[0] for g in growth], 3) or "—", _mean_spread([g[1] for g in growth], 4) or "—",
+                    + [mean_spread([g[0] for g in growth], 3) or "—", mean_spread([g[1] for g in growth], 4) or "—",
                        str(len(growth))])
     return rows
 
@@ -202,8 +96,8 @@ def csv_rows(runs: list[Run], keys: list[str]) -> list[dict]:
         rows.append({**{k: r.grid[k] for k in keys}, "name": r.name, "seed": r.seed, "status": r.state,
                      "diverged_at": r.summary.get("diverged_at"), "parameters": r.summary.get("parameters"),
                      "steps": r.summary.get("steps"), "final_valid_loss": s.get("final_valid_loss"),
-                     "final_ppl": _ppl(s.get("final_valid_loss")), "best_valid_loss": s.get("best_valid_loss"),
-                     "best_valid_step": s.get("best_valid_step"), "best_ppl": _ppl(s.get("best_valid_loss")),
+                     "final_ppl": ppl(s.get("final_valid_loss")), "best_valid_loss": s.get("best_valid_loss"),
+                     "best_valid_step": s.get("best_valid_step"), "best_ppl": ppl(s.get("best_valid_loss")),
                      "loss_spike_score": spikes.get("train/loss", {}).get("score"),
                      "grad_norm_spike_score": spikes.get("train/grad_norm", {}).get("score"),
                      "act_rms_last_over_first": growth[0], "act_rms_growth_per_block": growth[1],
@@ -230,7 +124,7 @@ def plot_ppl_vs_depth(runs: list[Run], keys: list[str]) -> Figure:
     for r in runs:
         line = lines.setdefault(_label(r.grid), {})
         if r.completed:
-            line.setdefault(r.depth, []).append(_ppl(r.summary["final_valid_loss"]))
+            line.setdefault(r.depth, []).append(ppl(r.summary["final_valid_loss"]))
     for label, points in sorted(lines.items()):
         depths = sorted(points)
         if depths:
@@ -334,8 +228,25 @@ def report(targets: list[Path], out_dir: Optional[Path] = None) -> Path:
     lines += ["", "The last block's activation RMS over the first's, and the per-block growth factor"
               " (last / first)^(1/(L - 1)), from each block's last logged `layers/act_rms`; mean ± standard"
               " deviation over the completed seeds.", ""]
+    study = Study(runs, lambda r: _label(r.grid))
+    if any(c.role == "prores" for c in study.cells.values()) and len(study.depths) > 1:
+        analyze_kept_checkpoints(runs)
+        claims = study.claims()
+        (out_dir / "claims.json").write_text(json.dumps(claims_json(claims), indent=1))
+        lines += claims_markdown(claims)
     for name, (title, _) in plots.items():
         lines += [f"## {title}", "", f"![{title}]({name})", ""]
     (out_dir / "report.md").write_text("\n".join(lines))
     return out_dir
+
+
+def analyze_kept_checkpoints(runs: list[Run]) -> None:
+    """`prores analyze` (in this process) of every completed Pre-LN and ProRes run that kept checkpoints
+    along the way and has no analysis yet: the representation-evolution claim reads it."""
+    for r in runs:
+        if (r.completed and role(r.config) in ("pre", "prores") and not (r.run_dir / "analysis" / "cosine.csv").is_file()
+                and len(Checkpoints(r.run_dir).complete()) > 1):
+            from prores.study.analyze import analyze
+
+            analyze(r.run_dir)
 
