@@ -126,15 +126,15 @@ def measure(processes: int, overrides: tuple[str, ...]) -> list[dict]:
 
     if not torch.cuda.is_available():
         env["DS_ACCELERATOR"] = "cpu"
-    with tempfile.TemporaryDirectory() as run_dir:
-        env["MEMORY_RUN_DIR"] = run_dir
+    with tempfile.TemporaryDirectory() as run_dir, tempfile.TemporaryDirectory() as out:
+        env.update(MEMORY_RUN_DIR=run_dir, MEMORY_OUT=out)
         launch = [sys.executable] if processes == 1 else [
             "torchrun", "--standalone", f"--nproc_per_node={processes}"]
         proc = subprocess.run([*launch, __file__, "--one", *overrides], capture_output=True, text=True, env=env,
                               timeout=900)
-    if proc.returncode:
-        raise RuntimeError(f"memory measurement failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        if proc.returncode:
+            raise RuntimeError(f"memory measurement failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+        results = [json.loads(p.read_text()) for p in Path(out).glob("rank*.json")]
     return sorted(results, key=lambda r: r["rank"])
 
 
@@ -156,7 +156,12 @@ def case(name: str) -> list[dict]:
 
 def main() -> None:
     if sys.argv[1:2] == ["--one"]:
-        print(json.dumps(measure_here(tuple(sys.argv[2:]))), flush=True)
+        result = measure_here(tuple(sys.argv[2:]))
+        out = os.environ.get("MEMORY_OUT")
+        if out:  # ranks under a launcher share stdout: each writes a file of its own
+            Path(out, f"rank{result['rank']}.json").write_text(json.dumps(result))
+        else:
+            print(json.dumps(result), flush=True)
         return
     mib = 2**20
     if sys.argv[1:2] == ["--cuda"]:

@@ -133,6 +133,8 @@ class CheckpointConfig:
     interval: int = _key(0, "steps between checkpoints; 0: only at the end (and on a stop signal)", minimum=0)
     keep_last: int = _key(2, "keep the newest N checkpoints; 0: keep all", minimum=0)
     keep_every: int = _key(0, "also keep every checkpoint whose step is a multiple of K; 0: none", minimum=0)
+    keep_steps: list = _key([], "also keep the checkpoints of these steps, e.g. [30] for `prores analyze` at 10% of"
+                                " a 300-step run")
 
 
 @dataclass
@@ -361,6 +363,7 @@ def validate(cfg: Config) -> Config:
     if not 0.0 <= cfg.optim.decay_fraction <= 1.0:
         raise ConfigError(f"optim.decay_fraction={cfg.optim.decay_fraction} must lie in [0, 1].")
     _check_data(cfg.data)
+    _check_steps(cfg.checkpoint.keep_steps)
     tp = cfg.parallel.tp
     for key, value in (("model.num_heads", m.num_heads), ("model.ffn_hidden_size", m.ffn_hidden_size)):
         if value % tp:
@@ -384,6 +387,11 @@ def validate(cfg: Config) -> Config:
                 f" pipeline stage) that add up to model.num_layers={m.num_layers}, or [] for a uniform split."
             )
     return cfg
+
+
+def _check_steps(steps: list) -> None:
+    if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in steps):
+        raise ConfigError(f"checkpoint.keep_steps={steps}: give a list of positive step numbers, e.g. [30, 150].")
 
 
 def _check_data(d: DataConfig) -> None:

@@ -249,6 +249,15 @@ def test_retention_keeps_the_newest_and_every_kth(tmp_path):
     assert (tmp_path / "checkpoints" / "latest").read_text() == "global_step10"
 
 
+def test_retention_keeps_the_steps_named(tmp_path):
+    small = ("model.num_layers=2", "model.seq_length=32", "train.micro_batch_size=4", "train.steps=10",
+             "checkpoint.interval=2", "checkpoint.keep_last=1", "checkpoint.keep_steps=[2, 6]")
+    proc = run_cli(*train_args(tmp_path, *small))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.is_dir())
+    assert kept == ["global_step10", "global_step2", "global_step6"]
+
+
 def test_sbatch_preemption_checkpoints_requeues_and_finishes(request, tmp_path):
     """slurm/train.sbatch with 2 tasks (tp=2); SIGUSR1 to the batch shell -> save, requeue, resume, finish."""
     need(slurm_available(), NO_SLURM)

@@ -52,7 +52,8 @@ class Trainer:
         self.cfg, self.run_dir, self.stop_status, self.last_eval = cfg, Path(run_dir), None, {}
         self.topo = start_processes(cfg)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.checkpoints = Checkpoints(self.run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every)
+        c = cfg.checkpoint
+        self.checkpoints = Checkpoints(self.run_dir, c.keep_last, c.keep_every, c.keep_steps)
         found = self._starting_point(resume, overwrite)
         tokenizer = load_tokenizer(cfg.data.tokenizer)
         self.data = build_data(cfg, self.run_dir, tokenizer, self.topo.dp_rank, self.topo.dp)

@@ -113,8 +113,9 @@ class Checkpoints:
     """The checkpoints of one run directory (``RUN/checkpoints``). All methods except :meth:`exist`,
     :meth:`complete` and :meth:`newest_manifest` are collective."""
 
-    def __init__(self, run_dir: Path, keep_last: int = 0, keep_every: int = 0):
+    def __init__(self, run_dir: Path, keep_last: int = 0, keep_every: int = 0, keep_steps=()):
         self.root, self.keep_last, self.keep_every = run_dir / "checkpoints", keep_last, keep_every
+        self.keep_steps = set(keep_steps)
 
     def _tags(self) -> list[tuple[int, Path]]:
         """(step, dir) of every global_step{N} directory, newest first."""
@@ -158,12 +159,13 @@ class Checkpoints:
         return tag_dir
 
     def _prune(self, keep: int) -> None:
-        """Rank 0: drop what retention does not keep; the newest ``keep_last`` and every
-        ``keep_every``-th step stay (and the one just written, ``keep``)."""
+        """Rank 0: drop what retention does not keep; the newest ``keep_last``, every ``keep_every``-th
+        step and the ``keep_steps`` stay (and the one just written, ``keep``)."""
         if self.keep_last == 0:
             return
         for i, (step, path) in enumerate(self._tags()):
-            if step == keep or i < self.keep_last or (self.keep_every and step % self.keep_every == 0):
+            if (step == keep or i < self.keep_last or step in self.keep_steps
+                    or (self.keep_every and step % self.keep_every == 0)):
                 continue
             shutil.rmtree(path, ignore_errors=True)
 

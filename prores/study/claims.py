@@ -443,10 +443,11 @@ def claims_json(claims: list[Claim]) -> list[dict]:
     return [clean(asdict(c)) for c in claims]
 
 
-def _num(v, digits: int = 4) -> str:
+def _num(v, digits: int = 4, sign: str = "+") -> str:
+    """A difference (signed), or with ``sign=""`` a value."""
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "—"
-    return f"{v:+.{digits}f}" if isinstance(v, float) else str(v)
+    return f"{v:{sign}.{digits}f}" if isinstance(v, float) else str(v)
 
 
 def _spread(diff, spread) -> str:
@@ -458,7 +459,8 @@ def _details(c: Claim) -> list[str]:
     n = c.numbers
     if c.key == "c-lowest":
         return ["| depth | best | ProRes loss | other − ProRes |", "| ---: | --- | --- | --- |"] + [
-            f"| {d} | {r['best']} | {_spread(r['prores'], r['prores_spread'])} | "
+            f"| {d} | {r['best']} | {_num(r['prores'], sign='')}"
+            + ("" if r["prores_spread"] is None else f" ± {r['prores_spread']:.4f}") + " | "
             + "; ".join(f"{label} {_spread(m['minus_prores'], m['spread'])}" for label, m in r["margins"].items()) + " |"
             for d, r in n["per_depth"].items()]
     if c.key == "c-lead-grows":
@@ -473,7 +475,7 @@ def _details(c: Claim) -> list[str]:
         depths = sorted({d for m in methods.values() for d in m["loss"]})
         return (["| method | " + " | ".join(map(str, depths)) + " | keeps improving | slope over the deepest (per block) |",
                  "|---" * (len(depths) + 3) + "|"]
-                + [f"| {label} | " + " | ".join(_num(m["loss"].get(d)) .lstrip("+") for d in depths)
+                + [f"| {label} | " + " | ".join(_num(m["loss"].get(d), sign="") for d in depths)
                    + f" | {m['keeps_improving']} | {_num(m['slope_per_block_deepest'], 6)} |"
                    for label, m in methods.items()])
     if c.key == "d-spikes":
