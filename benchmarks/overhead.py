@@ -41,7 +41,7 @@ class BareLoop:
         self.model = torch.nn.Sequential(*[p.cls(**p.kwargs) for p in pieces])
         self.prores = ProResScheduler(ProRes(cfg.prores.schedule, cfg.prores.T, m.num_layers),
                                       {b.layer_number: b for b in self.model if isinstance(b, Block)})
-        self.optimizer = torch.optim.AdamW(param_groups(self.model, o.weight_decay), lr=o.lr, betas=tuple(o.betas),
+        self.optimizer = torch.optim.AdamW(param_groups(self.model, o), lr=o.lr, betas=tuple(o.betas),
                                            eps=o.eps)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         self.cfg, self.data, self.step = cfg, copy.copy(trainer.data.train), 0  # the same batches, in turn

@@ -48,21 +48,14 @@ def default_run_dir(config: str | None, cfg) -> Path:
     return Path("runs") / f"{name}-{hashlib.sha256(json.dumps(changed, sort_keys=True).encode()).hexdigest()[:8]}"
 
 
-def _warn(warnings: list[str], prefix: str = "") -> None:
-    if os.environ.get("RANK", "0") == "0":
-        for w in warnings:
-            print(f"prores: warning: {prefix}{w}", flush=True)
-
-
 def _cmd_train(args) -> int:
-    from prores.config import load_config, warnings_of
+    from prores.config import load_config
 
     if args.overwrite and not args.no_resume:
         raise UsageError("--overwrite goes with --no-resume (start afresh, deleting the old checkpoints);"
                          " without --no-resume `prores train` resumes.")
     cfg = load_config(args.config, tuple(args.set))
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.config, cfg)
-    _warn(warnings_of(cfg))
     _quiet_dependencies(args.verbose)  # torch and DeepSpeed load only once the config is known to be good
     from prores.launcher.train import train
     from prores.run.callbacks import EXIT_DIVERGED
@@ -114,7 +107,8 @@ def _warn_cells(cells) -> None:
         for w in warnings_of(load_config(cell.base, tuple(cell.overrides))):
             concerns.setdefault(w, []).append(cell.name)
     for w, names in concerns.items():
-        _warn([w], prefix=f"{len(names)} of {len(cells)} cells ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}): ")
+        print(f"prores: warning: {len(names)} of {len(cells)} cells ({', '.join(names[:3])}"
+              f"{', ...' if len(names) > 3 else ''}): {w}", flush=True)
 
 
 def _cmd_report(args) -> int:

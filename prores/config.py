@@ -53,7 +53,8 @@ class ModelConfig:
     num_heads: int = _key(4, "attention heads", minimum=1)
     seq_length: int = _key(128, "tokens per sequence", minimum=2)
     dropout: float = _key(0.0, "hidden and attention dropout (0 as in the paper)", minimum=0.0)
-    norm_layout: str = _key("pre", "where the norms sit and alpha goes, see the layout table", choices=tuple(LAYOUTS))
+    norm_layout: str = _key("pre", "the residual method: where the norms sit, which gains the branches carry and"
+                                   " where alpha goes, see the method table", choices=tuple(LAYOUTS))
     norm: str = _key("rmsnorm", "the norm", choices=tuple(NORMS))
     norm_eps: float = _key(1e-5, "the norm's epsilon", minimum=0.0)
     init: str = _key("normal", "init scheme; deepnorm goes with, and only with, the deepnorm layout",
@@ -69,6 +70,19 @@ class ModelConfig:
     recompute: str = _key("none", "activation recompute: block keeps only each block's input and recomputes"
                                   " the block in the backward pass (same numbers, less memory)",
                           choices=("none", "block"))
+    layerscale_init: float = _key(0.0, "layerscale: λ's initial value; 0: CaiT's rule by depth (0.1 up to 18 blocks,"
+                                       " 1e-5 up to 24, 1e-6 deeper; Touvron et al. 2021, arXiv 2103.17239)",
+                                  minimum=0.0)
+    rezero_init: float = _key(0.0, "rezero: the gain's initial value (0 in Bachlechner et al. 2020, arXiv"
+                                   " 2003.04887, where alpha changes nothing until it moves)")
+    mixln_ratio: float = _key(0.25, "mixln: the share ρ of blocks, from the first, in Post-LN (Li et al. 2024,"
+                                    " arXiv 2412.13795)", minimum=0.0)
+    dyt_init: float = _key(0.5, "model.norm=dyt: the initial value of each DyT's scalar a (0.5 in Zhu et al. 2025,"
+                                " arXiv 2503.10622)", above=0.0)
+    depth_mup_alpha: float = _key(0.0, "depth-µP: branch multiplier (L/L_base)^(−α) and the blocks' learning rate"
+                                       " and AdamW eps rescaled; 0.5: depth-µP (Yang et al. 2023, arXiv 2310.02244),"
+                                       " 1: CompleteP (Dey et al. 2025, arXiv 2505.01618); 0: off", minimum=0.0)
+    depth_mup_base: int = _key(1, "depth-µP: the base depth L_base the hyperparameters were tuned at", minimum=1)
 
 
 @dataclass
@@ -358,6 +372,8 @@ def validate(cfg: Config) -> Config:
             f"model.norm_layout={m.norm_layout} with model.init={m.init}: the deepnorm layout and"
             " the deepnorm init gains go together; set both to deepnorm or neither."
         )
+    if m.mixln_ratio > 1:
+        raise ConfigError(f"model.mixln_ratio={m.mixln_ratio} must lie in [0, 1]: the share of blocks in Post-LN.")
     if len(cfg.optim.betas) != 2 or not all(isinstance(b, (int, float)) for b in cfg.optim.betas):
         raise ConfigError(f"optim.betas: expected two numbers, got {cfg.optim.betas!r}.")
     if not 0.0 <= cfg.optim.decay_fraction <= 1.0:

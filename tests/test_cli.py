@@ -130,7 +130,7 @@ def bad_inputs(tmp_path, finished_run) -> dict:
                         " (model.num_layers: 2 -> 3); resume with the same model.* keys, or start a new --run-dir."),
         "other schedule": (TINY + ("prores.T=7",), finished_run,
                            f"checkpoint {finished_run}/checkpoints/global_step{STEPS} holds another ProRes schedule"
-                           " (prores.T: 20 -> 7); resume with the same prores.* keys, or start a new --run-dir."),
+                           " (prores.T: 20.0 -> 7.0); resume with the same prores.* keys, or start a new --run-dir."),
         "missing data": (TINY + ("data.paths=[/nonexistent/x]",), fresh,
                          "data.paths: '/nonexistent/x' is neither a file nor an indexed dataset"),
         "one document": (TINY + (f"data.corpus={tmp_path / 'one-play.txt'}",), fresh,

@@ -88,7 +88,9 @@ def ref_block(layout, kind, x, W, a):
 
 # ------------------------------------------------------------------ tests
 
-CASES = [(layout, norm) for layout in LAYOUTS for norm in ("layernorm", "rmsnorm")]
+# the ProRes paper's layouts; the baseline zoo's methods have their references in test_methods.py
+PAPER_LAYOUTS = ("pre", "post", "sandwich", "deepnorm", "lns")
+CASES = [(layout, norm) for layout in PAPER_LAYOUTS for norm in ("layernorm", "rmsnorm")]
 
 
 # Triton computes in fp32 whatever the storage, so it is checked in fp32 (normwise 1e-5).

@@ -97,17 +97,24 @@ def deepspeed_config(cfg) -> dict:
     }
 
 
-def param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Decay matrices only; norm gains and biases are vectors and are not decayed."""
-    decay = [p for p in module.parameters() if p.dim() >= 2]
-    other = [p for p in module.parameters() if p.dim() < 2]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}]
+def param_groups(module: torch.nn.Module, optim) -> list[dict]:
+    """AdamW's parameter groups: matrices decay, vectors (norm gains, biases, a method's gains) do not; a
+    block's parameters take the learning-rate and epsilon factors its residual method sets (depth-µP,
+    ``Block.optimizer_scales``). Each group keeps its factor as ``lr_scale``: a resume sets its
+    learning rate from the config again (:meth:`prores.launcher.train.Trainer.load`)."""
+    scales = {id(p): b.optimizer_scales for b in module.modules() if isinstance(b, Block) for p in b.parameters()}
+    groups: dict[tuple, list] = {}
+    for p in module.parameters():
+        groups.setdefault((p.dim() >= 2, *scales.get(id(p), (1.0, 1.0))), []).append(p)
+    return [{"params": params, "weight_decay": optim.weight_decay if decay else 0.0, "lr": optim.lr * lr_scale,
+             "lr_scale": lr_scale, "eps": optim.eps * eps_scale}
+            for (decay, lr_scale, eps_scale), params in sorted(groups.items(), key=lambda kv: (not kv[0][0], kv[0][1:]))]
 
 
 def build_optimizer(cfg, module: torch.nn.Module, topo) -> torch.optim.Optimizer:
     """AdamW with the paper's defaults; clipping is DeepSpeed's except where prores must do it."""
     o = cfg.optim
-    groups, adamw = param_groups(module, o.weight_decay), dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps)
+    groups, adamw = param_groups(module, o), dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps)
     if clips_itself(cfg):
         return GlobalNormAdamW(groups, max_norm=o.clip_grad, tp_rank=topo.tp_rank,
                                model_parallel_group=parallel_state.get_model_parallel_group(), **adamw)

@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 import torch
 from megatron.core import parallel_state
 
-from prores.config import Config, config_text, dump_config
+from prores.config import Config, config_text, dump_config, warnings_of
 from prores.data.tokenizers import load_tokenizer
 from prores.errors import UsageError
 from prores.launcher.builders import build_data, build_engine, build_model, start_processes
@@ -139,9 +139,10 @@ class Trainer:
         learning rate from this run's config (the checkpoint's would otherwise win silently): so
         ``--set optim.lr=...`` on a resume, e.g. after a spike, takes effect."""
         schedule = self.engine.lr_scheduler
-        schedule.base_lrs = [self.cfg.optim.lr] * len(schedule.base_lrs)
-        for group, factor in zip(schedule.optimizer.param_groups, schedule.lr_lambdas):
-            group["lr"] = self.cfg.optim.lr * factor(schedule.last_epoch)
+        groups = schedule.optimizer.param_groups
+        schedule.base_lrs = [self.cfg.optim.lr * g.get("lr_scale", 1.0) for g in groups]
+        for group, base, factor in zip(groups, schedule.base_lrs, schedule.lr_lambdas):
+            group["lr"] = base * factor(schedule.last_epoch)
 
     @property
     def step(self) -> int:
@@ -245,6 +246,8 @@ def _train(cfg: Config, run_dir: Path, plan: Plan, resume: bool, overwrite: bool
                   " its summary.json is left as it was. A longer run needs a new --run-dir.")
         return None
     if plan.rank == 0:
+        for warning in warnings_of(cfg):
+            print(f"prores: warning: {warning}", flush=True)
         print(f"run directory {run_dir}", flush=True)
     trainer = Trainer(cfg, run_dir, resume=resume, overwrite=overwrite)
     if trainer.topo.rank == 0:

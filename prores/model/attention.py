@@ -13,30 +13,60 @@ Two small pieces of our own, both plugged in without patching Megatron:
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from megatron.core.tensor_parallel import (ColumnParallelLinear, RowParallelLinear,
+                                           copy_to_tensor_model_parallel_region)
 from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.mlp import MLP, MLPSubmodules
-from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 from megatron.core.transformer.transformer_config import TransformerConfig
+
+from prores.model import fused
+from prores.model.norm import Norm
+
+
+class HeadNorm(Norm):
+    """A norm over each head's features, as Megatron builds ``q_layernorm``/``k_layernorm`` (HybridNorm's
+    QKV norm). Its weights are shared by the heads, which tensor parallelism splits over ranks: each rank's
+    gradient covers its own heads, so the weights pass through Megatron's copy-to-tensor-parallel region,
+    whose backward sums them over the ranks (the one-process gradient; an identity at tp = 1)."""
+
+    def __init__(self, hidden_size: int, config: TransformerConfig = None, eps: float = 1e-5, *, kind: str,
+                 dyt_init: float = 0.5):
+        super().__init__(kind, hidden_size, eps, dyt_init=dyt_init)
+
+    def affine(self):
+        weight, bias = super().affine()
+        return (copy_to_tensor_model_parallel_region(weight),
+                None if bias is None else copy_to_tensor_model_parallel_region(bias))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fused.ops("eager").norm(x, self)
 
 
 class SDPACoreAttention(nn.Module):
-    """Causal attention on [s, b, heads, head_dim] tensors; returns [s, b, heads·head_dim]."""
+    """Causal attention on [s, b, heads, head_dim] tensors; returns [s, b, heads·head_dim]. ``v_norm``
+    (HybridNorm): a per-head norm of V, as Megatron's ``q_layernorm`` is of Q."""
 
     def __init__(self, *, config: TransformerConfig, layer_number: int, attn_mask_type, attention_type,
-                 cp_comm_type=None, softmax_scale=None, pg_collection=None, attention_dropout=None):
+                 cp_comm_type=None, softmax_scale=None, pg_collection=None, attention_dropout=None,
+                 v_norm: Optional[ModuleSpec] = None):
         super().__init__()
         self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
         self.softmax_scale = softmax_scale
+        self.v_norm = None if v_norm is None else build_module(v_norm, hidden_size=config.kv_channels,
+                                                               config=config, eps=config.layernorm_epsilon)
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):
+        if self.v_norm is not None:
+            value = self.v_norm(value)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # -> [b, n, s, d]
         out = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, scale=self.softmax_scale,
@@ -54,13 +84,19 @@ def rope_table(seq_length: int, head_dim: int, base: float, device: torch.device
     return torch.cat([angles, angles], dim=-1)[:, None, None, :].float().to(device)
 
 
-ATTENTION_SPEC = ModuleSpec(
-    module=SelfAttention,
-    params={"attn_mask_type": AttnMaskType.causal},
-    submodules=SelfAttentionSubmodules(
-        linear_qkv=ColumnParallelLinear, core_attention=SDPACoreAttention, linear_proj=RowParallelLinear
-    ),
-)
+def attention_spec(model_cfg, qkv_norm: bool = False) -> ModuleSpec:
+    """Megatron's SelfAttention with our core attention; ``qkv_norm``: Q, K and V each normed per head."""
+    core = SDPACoreAttention
+    norm = None
+    if qkv_norm:
+        norm = ModuleSpec(module=HeadNorm, params={"kind": model_cfg.norm, "dyt_init": model_cfg.dyt_init})
+        core = ModuleSpec(module=SDPACoreAttention, params={"v_norm": norm})
+    return ModuleSpec(
+        module=SelfAttention,
+        params={"attn_mask_type": AttnMaskType.causal},
+        submodules=SelfAttentionSubmodules(linear_qkv=ColumnParallelLinear, core_attention=core,
+                                           linear_proj=RowParallelLinear, q_layernorm=norm, k_layernorm=norm),
+    )
 
 MLP_SPEC = ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear,
                                                            linear_fc2=RowParallelLinear))
@@ -97,4 +133,5 @@ def megatron_config(model_cfg) -> TransformerConfig:
         init_method=_leave_to_prores_init,
         output_layer_init_method=_leave_to_prores_init,
         params_dtype=torch.float32,
+        layernorm_epsilon=model_cfg.norm_eps,  # the eps Megatron gives q_layernorm and k_layernorm
     )

@@ -3,12 +3,14 @@
 Every norm layout is written with four calls on a :class:`FusedOps`:
 
 * ``norm(x, n)``                 -> Norm(x)
-* ``add(x, f, alpha)``           -> x + alpha·f
-* ``add_norm(x, f, alpha, n)``   -> (h, Norm(h)), h = x + alpha·f            (pre, lns, sandwich)
-* ``post_norm(x, f, alpha, n, c)`` -> Norm(c·x + alpha·f)                    (post, deepnorm)
+* ``add(x, f, alpha, gain)``     -> x + alpha·gain⊙f
+* ``add_norm(x, f, alpha, n, gain)`` -> (h, Norm(h)), h = x + alpha·gain⊙f  (pre, lns, sandwich, layerscale)
+* ``post_norm(x, f, alpha, n, c, ω)`` -> Norm(c·ω⊙x + alpha·f)              (post, deepnorm, admin)
 
 ``alpha`` is a 0-dim fp32 tensor, or ``None`` once the ProRes schedule has
-saturated at 1: then no multiply is issued at all. ``post_norm`` uses
+saturated at 1 (and no fixed branch multiplier applies): then no multiply is
+issued at all. ``gain`` is a residual method's learnable branch gain (LayerScale's
+λ, ReZero's s), or None. ``post_norm`` uses
 Norm(c·x + a·f) = Norm(x + (a/c)·f) with eps/c² (a norm ignores the scale of
 its input except through eps), so one add+norm kernel serves post and deepnorm.
 
@@ -28,12 +30,13 @@ from typing import Optional
 import torch
 
 from prores.errors import UsageError
-from prores.model.kernels import BACKENDS
+from prores.model.kernels import BACKENDS, reference
 from prores.model.norm import Norm
 
 
 class FusedOps:
-    """The four residual operations on top of one kernel module."""
+    """The four residual operations on top of one kernel module. A DyT norm (``model.norm: dyt``) is not a
+    normalisation: its ops compute unfused, with the reference's :func:`dyt`."""
 
     def __init__(self, name: str):
         self.name = name
@@ -44,16 +47,34 @@ class FusedOps:
         weight, bias = n.affine()
         return weight, bias, n.eps, n.kind == "rmsnorm"
 
+    @staticmethod
+    def _dyt(x: torch.Tensor, n: Norm) -> torch.Tensor:
+        weight, bias = n.affine()
+        return reference.dyt(x, n.alpha, weight, bias)
+
     def norm(self, x: torch.Tensor, n: Norm) -> torch.Tensor:
+        if n.kind == "dyt":
+            return self._dyt(x, n)
         return self.k.norm(x, *self._args(n))
 
-    def add(self, x: torch.Tensor, f: torch.Tensor, alpha: Optional[torch.Tensor]) -> torch.Tensor:
-        return self.k.add(x, f, alpha)
+    def add(self, x: torch.Tensor, f: torch.Tensor, alpha: Optional[torch.Tensor],
+            gain: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.k.add(x, f, alpha, gain)
 
-    def add_norm(self, x, f, alpha: Optional[torch.Tensor], n: Norm) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.k.add_norm(x, f, alpha, *self._args(n))
+    def add_norm(self, x, f, alpha: Optional[torch.Tensor], n: Norm,
+                 gain: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if n.kind == "dyt":
+            h = self.add(x, f, alpha, gain)
+            return h, self._dyt(h, n)
+        return self.k.add_norm(x, f, alpha, *self._args(n), gain=gain)
 
-    def post_norm(self, x, f, alpha: Optional[torch.Tensor], n: Norm, skip_scale: float = 1.0) -> torch.Tensor:
+    def post_norm(self, x, f, alpha: Optional[torch.Tensor], n: Norm, skip_scale: float = 1.0,
+                  skip_gain: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Norm(c·ω⊙x + alpha·f); ``skip_gain`` ω is a method's learnable gain on the skip (Admin)."""
+        if skip_gain is not None:
+            x = x * skip_gain.to(x.dtype)
+        if n.kind == "dyt":  # not scale-invariant: no eps/c² shortcut
+            return self._dyt(self.add(x * skip_scale if skip_scale != 1.0 else x, f, alpha), n)
         weight, bias, eps, rms = self._args(n)
         if skip_scale != 1.0:
             if alpha is None:

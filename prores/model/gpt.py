@@ -61,14 +61,22 @@ def tied_head_forward(embedding: Embedding, hidden: torch.Tensor) -> torch.Tenso
 class FinalNorm(nn.Module):
     """The norm after the last block of pre-style layouts. Layer index L+1."""
 
+    layer_index = staticmethod(lambda model_cfg: model_cfg.num_layers + 1)
+
     def __init__(self, model_cfg, seed: int, backend: str = "eager", tp: tuple[int, int] = (0, 1)):
         super().__init__()
         self.ops = fused.ops(backend)
-        self.norm = Norm(model_cfg.norm, model_cfg.hidden_size, model_cfg.norm_eps)
-        init_piece(self, model_cfg, model_cfg.num_layers + 1, seed, tp)
+        self.norm = Norm(model_cfg.norm, model_cfg.hidden_size, model_cfg.norm_eps, dyt_init=model_cfg.dyt_init)
+        init_piece(self, model_cfg, self.layer_index(model_cfg), seed, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.ops.norm(x, self.norm)
+
+
+class EmbeddingNorm(FinalNorm):
+    """The norm on the embedding's output of layouts that have one (Peri-LN). Layer index 0."""
+
+    layer_index = staticmethod(lambda model_cfg: 0)
 
 
 class Head(nn.Module):
@@ -107,10 +115,13 @@ def gpt_pieces(model_cfg, prores: ProRes, vocab_size: int, seed: int, backend: s
     embed_kwargs = dict(model_cfg=model_cfg, vocab_size=vocab, seed=seed, tp=tp)
     tie = "embed" if model_cfg.tie_embeddings else None
     tied = dict(tie_key=tie, tied_attr="word_embeddings.weight" if tie else None)
+    layout = LAYOUTS[model_cfg.norm_layout]
     pieces = [Piece(Embedding, embed_kwargs, **tied)]
+    if layout.embedding_norm:
+        pieces.append(Piece(EmbeddingNorm, dict(model_cfg=model_cfg, seed=seed, backend=backend, tp=tp)))
     pieces += [Piece(Block, dict(model_cfg=model_cfg, prores=prores, layer=l, seed=seed, backend=backend, tp=tp))
                for l in range(1, model_cfg.num_layers + 1)]
-    if LAYOUTS[model_cfg.norm_layout].final_norm:
+    if layout.final_norm:
         pieces.append(Piece(FinalNorm, dict(model_cfg=model_cfg, seed=seed, backend=backend, tp=tp)))
     if tie:
         pieces.append(Piece(Embedding, embed_kwargs, **tied, tied_forward=tied_head_forward))

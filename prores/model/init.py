@@ -36,7 +36,7 @@ def initial_value(name: str, param: torch.Tensor, *, layer: int, num_layers: int
                   seed: int, num_heads: int, tp_size: int) -> torch.Tensor:
     """The full (unsharded) initial tensor for one parameter, in fp32 on CPU."""
     shape = full_shape(param, tp_size)
-    if param.dim() == 1:  # the only vectors are norm gains (start at 1) and biases (start at 0)
+    if param.dim() == 1:  # vectors: norm gains (start at 1) and biases (start at 0); others declare theirs
         return torch.ones(shape) if name.endswith("weight") else torch.zeros(shape)
     gen = torch.Generator().manual_seed(param_seed(seed, layer, name))
     full = torch.randn(shape, generator=gen) * matrix_std(scheme, std, name, layer, num_layers)
@@ -47,10 +47,24 @@ def initial_value(name: str, param: torch.Tensor, *, layer: int, num_layers: int
     return full
 
 
+def declared_values(module: nn.Module) -> dict[str, float]:
+    """The constant initial values a piece's modules declare (``initial_values()``: a residual method's
+    gains, DyT's alpha), by full parameter name."""
+    out = {}
+    for prefix, sub in module.named_modules():
+        for name, value in getattr(sub, "initial_values", dict)().items():
+            out[f"{prefix}.{name}" if prefix else name] = value
+    return out
+
+
 @torch.no_grad()
 def init_parameters(module: nn.Module, *, layer: int, num_layers: int, scheme: str, std: float, seed: int,
                     num_heads: int, tp_rank: int, tp_size: int) -> None:
+    constants = declared_values(module)
     for name, param in module.named_parameters():
+        if name in constants:
+            param.fill_(constants[name])
+            continue
         full = initial_value(name, param, layer=layer, num_layers=num_layers, scheme=scheme, std=std,
                              seed=seed, num_heads=num_heads, tp_size=tp_size)
         param.copy_(shard(full, param, tp_rank, tp_size))

@@ -1,4 +1,4 @@
-"""LayerNorm / RMSNorm parameters. The math lives in :mod:`prores.model.fused`."""
+"""LayerNorm / RMSNorm / DyT parameters. The math lives in :mod:`prores.model.fused`."""
 
 from __future__ import annotations
 
@@ -9,19 +9,25 @@ from prores.model.kernels import NORMS
 
 
 class Norm(nn.Module):
-    """Affine weight (and bias for LayerNorm), replicated over tensor-parallel ranks.
+    """Affine weight (and bias for LayerNorm and DyT), replicated over tensor-parallel ranks; DyT adds its
+    learnable scalar ``alpha`` (initial value ``dyt_init``).
 
     ``out_scale`` multiplies the output (LNS uses 1/sqrt(l)); it is folded into
     the affine weight at call time so the norm stays a single op.
     """
 
-    def __init__(self, kind: str, hidden_size: int, eps: float, out_scale: float = 1.0):
+    def __init__(self, kind: str, hidden_size: int, eps: float, out_scale: float = 1.0, dyt_init: float = 0.5):
         super().__init__()
         if kind not in NORMS:
             raise ValueError(f"unknown norm {kind!r}; known: {', '.join(NORMS)}")
-        self.kind, self.eps, self.out_scale = kind, eps, out_scale
+        self.kind, self.eps, self.out_scale, self.dyt_init = kind, eps, out_scale, dyt_init
         self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.bias = nn.Parameter(torch.zeros(hidden_size)) if kind == "layernorm" else None
+        self.bias = nn.Parameter(torch.zeros(hidden_size)) if kind in ("layernorm", "dyt") else None
+        self.alpha = nn.Parameter(torch.full((1,), dyt_init)) if kind == "dyt" else None
+
+    def initial_values(self) -> dict[str, float]:
+        """Parameters whose initial value is not the default of their kind (:mod:`prores.model.init`)."""
+        return {"alpha": self.dyt_init} if self.alpha is not None else {}
 
     def affine(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.out_scale == 1.0:

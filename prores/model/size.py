@@ -37,19 +37,28 @@ def padded_vocab_size(vocab_size: int, multiple: int) -> int:
     return -(-vocab_size // multiple) * multiple
 
 
-def _norm_params(m) -> int:
-    return m.hidden_size * (2 if m.norm == "layernorm" else 1)
+def _norm_params(m, width: int = 0) -> int:
+    """A norm over ``width`` (default: the hidden size) features: gain; LayerNorm a bias; DyT a bias and a."""
+    width = width or m.hidden_size
+    return {"layernorm": 2 * width, "rmsnorm": width, "dyt": 2 * width + 1}[m.norm]
 
 
 def block_parameters(m, tp: int = 1) -> int:
+    """The matrices (split over tp), and what the residual method adds, replicated: its norms, its gains and
+    (HybridNorm) the per-head Q, K and V norms."""
     h, f = m.hidden_size, m.ffn_hidden_size
     fc1 = 2 * f if m.mlp == "swiglu" else f
-    return (3 * h * h + h * h + h * fc1 + f * h) // tp + len(LAYOUTS[m.norm_layout].norms) * _norm_params(m)
+    layout = LAYOUTS[m.norm_layout]
+    gains = sum(h if g.per_channel else 1 for g in layout.gains)
+    qkv_norms = 3 * _norm_params(m, h // m.num_heads) if layout.qkv_norm else 0
+    return (3 * h * h + h * h + h * fc1 + f * h) // tp + len(layout.norms) * _norm_params(m) + gains + qkv_norms
 
 
 def embedding_parameters(m, vocab_size: int, tp: int = 1) -> int:
+    """The word embedding (split over tp), learned positions, and a method's norm on its output (Peri-LN)."""
     positions = m.seq_length * m.hidden_size if m.position == "learned" else 0
-    return padded_vocab_size(vocab_size, m.vocab_multiple) * m.hidden_size // tp + positions
+    norm = _norm_params(m) if LAYOUTS[m.norm_layout].embedding_norm else 0
+    return padded_vocab_size(vocab_size, m.vocab_multiple) * m.hidden_size // tp + positions + norm
 
 
 def head_parameters(m, vocab_size: int, tp: int = 1) -> int:

@@ -4,7 +4,8 @@
 pyplot, no display): layer on the y axis (1..L), step on the x axis, a log
 colour scale with its colour bar; zeros and gaps are grey. The
 :class:`Heatmaps` callback refreshes ``heatmaps/act_rms``,
-``heatmaps/grad_norm`` and ``heatmaps/alpha`` at every evaluation: the first
+``heatmaps/grad_norm``, ``heatmaps/alpha`` and, for a method with learnable gains, ``heatmaps/gain``
+at every evaluation: the first
 rank gathers the stage writers' series over the pipeline group and writes the
 pictures as TensorBoard images.
 """
@@ -25,7 +26,7 @@ from megatron.core import parallel_state
 
 from prores.run.callbacks import Callback
 
-FAMILIES = {"act_rms": "layers/act_rms", "grad_norm": "layers/grad_norm", "alpha": "prores/alpha"}
+FAMILIES = {"act_rms": "layers/act_rms", "grad_norm": "layers/grad_norm", "alpha": "prores/alpha", "gain": "layers/gain"}
 
 
 def _edges(columns: Sequence[float]) -> numpy.ndarray:
@@ -119,4 +120,4 @@ class Heatmaps(Callback):
         return {"series": self.series}
 
     def load_state_dict(self, state: dict) -> None:
-        self.series = state["series"]
+        self.series = {family: state["series"].get(family, {}) for family in FAMILIES.values()}

@@ -6,7 +6,9 @@
 * ``layers/grad_norm/layer_XXX``, and ``/embedding``, ``/final_norm``, ``/head``: L2 norm of the
   piece's gradient after the data-parallel reduction and before clipping (their squares add up to
   ``train/grad_norm``²);
-* ``layers/update_ratio/layer_XXX``: ||Δw|| / ||w|| of the block over the step.
+* ``layers/update_ratio/layer_XXX``: ||Δw|| / ||w|| of the block over the step;
+* ``layers/gain/layer_XXX``: the mean absolute value of the block's learnable residual gains (LayerScale's
+  λ, ReZero's s, Admin's ω; methods without gains log none), after the step.
 
 Layer numbers are global and 1-based. Each value is the one process's value on every TP × PP × DP
 layout: forward statistics are summed over the micro-batches of every data-parallel rank, and norms
@@ -22,7 +24,7 @@ from megatron.core import parallel_state
 
 from prores.run.callbacks import Callback
 from prores.model.block import Block
-from prores.model.gpt import Embedding, FinalNorm, Head
+from prores.model.gpt import Embedding, EmbeddingNorm, FinalNorm, Head
 from prores.parallel.grad_norm import grouped_sq_norms, reduced_grad_share
 
 
@@ -31,7 +33,7 @@ def recomputing() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
-OTHER_PIECES = {Embedding: "embedding", FinalNorm: "final_norm", Head: "head"}
+OTHER_PIECES = {Embedding: "embedding", EmbeddingNorm: "embedding_norm", FinalNorm: "final_norm", Head: "head"}
 
 
 def owned_pieces(module: torch.nn.Module) -> dict:
@@ -99,6 +101,10 @@ class LayerDiagnostics(Callback):
             weight = grouped_sq_norms(params, lambda p: p, tp_rank, [self.tp_group], trainer.device)
             self.before = {}
             writer.layer_scalars("layers/update_ratio", dict(zip(self.blocks, (delta / weight).sqrt().tolist())), step)
+            gains = {l: torch.cat([g.detach().float().abs().flatten() for g in b.gains()]).mean()
+                     for l, b in self.blocks.items() if b.gains()}
+            if gains:
+                writer.layer_scalars("layers/gain", dict(zip(gains, torch.stack(list(gains.values())).tolist())), step)
         if self.grad_sq is not None:
             writer.layer_scalars("layers/grad_norm", dict(zip(self.pieces, self.grad_sq.sqrt().tolist())), step)
 

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Callable, Mapping, Union
 
 # Per-layer families: one multiline chart each in the Custom Scalars tab.
-LAYER_FAMILIES = ("prores/alpha", "layers/act_rms", "layers/cos_in_out", "layers/grad_norm", "layers/update_ratio")
+LAYER_FAMILIES = ("prores/alpha", "layers/act_rms", "layers/cos_in_out", "layers/grad_norm", "layers/update_ratio",
+                  "layers/gain")
 
 
 def layer_tag(prefix: str, layer: Union[int, str]) -> str:

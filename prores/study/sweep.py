@@ -16,6 +16,8 @@ where:                        # overrides (and Slurm resources, and seeds) for t
     slurm: {nodes: 2}
   - when: {method: Pre-LN}
     seeds: [1, 2, 3]          # these cells once per seed of this list instead
+  - when: {method: Pre-LN + ProRes, model.num_layers: 6}
+    skip: true                # no such cell
 slurm: {nodes: 1, ntasks_per_node: 8, gpus_per_node: 8, cpus_per_task: 8, time: "24:00:00"}
 ```
 
@@ -131,9 +133,10 @@ def _read(path: Path) -> dict:
                             f" to the overrides each stands for, got {values!r}.")
     where = spec.get("where") or []
     if not isinstance(where, list) or not all(isinstance(r, dict) and isinstance(r.get("when"), dict)
-                                              and set(r) <= {"when", "set", "slurm", "seeds"} for r in where):
+                                              and set(r) <= {"when", "set", "slurm", "seeds", "skip"}
+                                              and isinstance(r.get("skip", False), bool) for r in where):
         raise SpecError(f"{path}: 'where' is a list of rules, each {{when: {{KEY: VALUE or [VALUES]}},"
-                        " set: {...}, slurm: {...}, seeds: [...]}.")
+                        " set: {...}, slurm: {...}, seeds: [...], skip: true|false}.")
     for seeds in [spec.get("seeds")] + [r.get("seeds") for r in where]:
         if seeds is not None and (not isinstance(seeds, list) or not seeds or
                                   not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
@@ -172,13 +175,13 @@ def expand(spec_file: str, root: str = "runs", processes: Optional[int] = None,
         settings = dict(spec.get("set") or {})
         for key, value in values.items():
             settings |= (grid[key][value] or {}) if isinstance(grid[key], dict) else {key: value}
-        slurm, seeds = SLURM_KEYS | (spec.get("slurm") or {}), spec.get("seeds")
+        slurm, seeds, skip = SLURM_KEYS | (spec.get("slurm") or {}), spec.get("seeds"), False
         for rule in spec.get("where") or []:
             if _matches(rule["when"], values):
                 settings |= rule.get("set") or {}
                 slurm |= rule.get("slurm") or {}
-                seeds = rule.get("seeds", seeds)
-        for seed in seeds or [None]:
+                seeds, skip = rule.get("seeds", seeds), rule.get("skip", skip)
+        for seed in [] if skip else seeds or [None]:
             cell_values = values | ({} if seed is None else {"train.seed": seed})
             cell_settings = settings | ({} if seed is None else {"train.seed": seed})
             cells.append(_cell(path, len(cells), sweep_dir, spec, cell_values, cell_settings, slurm, processes))

@@ -15,4 +15,6 @@ BACKENDS = {
 NORMS = {
     "layernorm": "(x - mean)/sqrt(var + eps)·γ + β",
     "rmsnorm": "x/sqrt(mean(x²) + eps)·γ",
+    "dyt": "γ⊙tanh(a·x) + β, a learnable scalar from model.dyt_init (Zhu et al. 2025, arXiv 2503.10622;"
+           " jiachenzhu/DyT); not a normalisation, so computed unfused",
 }

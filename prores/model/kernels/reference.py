@@ -1,7 +1,10 @@
 """The eager reference: plain torch ops on tensors. Every other backend must match it.
 
-``alpha`` is a 0-dim fp32 tensor, or None for exactly 1 (no multiply).
-``bias`` may be None; RMSNorm takes one too (added after the gain).
+``alpha`` is a 0-dim fp32 tensor, or None for exactly 1 (no multiply); ``gain``
+(a residual method's learnable branch gain: one scalar or one per channel) is
+None or multiplies the branch too: h = x + alpha·gain⊙f. ``bias`` may be None;
+RMSNorm takes one too (added after the gain). DyT (:func:`dyt`) is not a
+normalisation, so no backend fuses it: every backend calls this one.
 
 Arithmetic is fp32 whatever the storage dtype, as in the fused kernels: the
 norm sees the unrounded sum x + alpha·f, and only the outputs are rounded.
@@ -35,11 +38,18 @@ def norm(x: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float, rms: boo
     return _norm_up(_up(x), weight, bias, eps, rms).to(x.dtype)
 
 
-def add(x: Tensor, f: Tensor, alpha: Optional[Tensor]) -> Tensor:
+def add(x: Tensor, f: Tensor, alpha: Optional[Tensor], gain: Optional[Tensor] = None) -> Tensor:
+    if gain is not None:
+        f = gain * f
     return x + f if alpha is None else x + alpha * f
 
 
 def add_norm(x: Tensor, f: Tensor, alpha: Optional[Tensor], weight: Tensor, bias: Optional[Tensor], eps: float,
-             rms: bool) -> tuple[Tensor, Tensor]:
-    h = add(_up(x), _up(f), alpha)
+             rms: bool, gain: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    h = add(_up(x), _up(f), alpha, None if gain is None else _up(gain))
     return h.to(x.dtype), _norm_up(h, weight, bias, eps, rms).to(x.dtype)
+
+
+def dyt(x: Tensor, alpha: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """Dynamic Tanh, weight⊙tanh(alpha·x) + bias (Zhu et al. 2025), in fp32 arithmetic."""
+    return (_up(weight) * torch.tanh(_up(alpha) * _up(x)) + _up(bias)).to(x.dtype)
