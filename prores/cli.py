@@ -1,4 +1,5 @@
-"""The ``prores`` console script: ``train``, ``preprocess``, ``sweep``, ``report``, ``analyze``, ``plan``, ``config``."""
+"""The ``prores`` console script: ``train``, ``preprocess``, ``sweep``, ``report``, ``analyze``, ``eval``, ``export``,
+``plan``, ``config``."""
 
 from __future__ import annotations
 
@@ -128,11 +129,37 @@ def _cmd_analyze(args) -> int:
     return 0
 
 
+def _cmd_eval(args) -> int:
+    _quiet_dependencies(False)
+    from prores.eval.harness import evaluate
+
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if not tasks:
+        raise UsageError("--tasks: give one or more task names, e.g. --tasks prores_lastword,prores_rolling_ppl")
+    out = evaluate(Path(args.run_dir), tasks, step=args.step, limit=args.limit, batch_size=args.batch_size)
+    print(f"wrote {out} and the scalars eval/<task>/<metric> in {args.run_dir}")
+    return 0
+
+
+def _cmd_export(args) -> int:
+    _quiet_dependencies(False)
+    from prores.eval.export import export_hf
+
+    out = export_hf(Path(args.run_dir), Path(args.out), step=args.step)
+    print(f"wrote a Hugging Face LlamaForCausalLM to {out}")
+    return 0
+
+
 def _cmd_config(args) -> int:
-    from prores.config import key_docs, keys_markdown, load_config
+    from prores.config import key_docs, keys_markdown, load_config, methods_markdown
+    from prores.model.layouts import LAYOUTS
 
     if args.markdown:
-        print(keys_markdown())
+        print(methods_markdown() if args.methods else keys_markdown())
+        return 0
+    if args.methods:
+        for m in LAYOUTS.values():
+            print(f"{m.name:<11} {m.doc}\n{'':<11} {m.source}")
         return 0
     values = load_config(args.config, tuple(args.set)).flat()
     for doc in key_docs():
@@ -223,6 +250,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with checkpoints kept along the run")
     p.set_defaults(func=_cmd_analyze)
 
+    p = sub.add_parser("eval", help="lm-evaluation-harness tasks on a run's checkpoint (pip install -e '.[eval]')",
+                       description="Runs lm-evaluation-harness on a checkpoint of RUN_DIR through prores's own forward"
+                                   " (any tp/pp, any method); writes RUN_DIR/eval/<step>/results.json and"
+                                   " eval/<task>/<metric> scalars. Offline tasks: prores_lastword, prores_rolling_ppl.")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--tasks", required=True, help="comma-separated harness task names")
+    p.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the newest)")
+    p.add_argument("--limit", type=int, default=None, help="at most this many documents per task")
+    p.add_argument("--batch-size", type=int, default=1, help="sequences per forward pass (default 1)")
+    p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("export", help="a run's checkpoint as a Hugging Face model (LlamaForCausalLM)")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("out", metavar="OUT", help="the directory to write")
+    p.add_argument("--format", choices=("hf",), default="hf", help="hf: config.json, safetensors, tokenizer")
+    p.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the newest)")
+    p.set_defaults(func=_cmd_export)
+
     p = sub.add_parser("plan", parents=[config], help="memory per pipeline stage, and a layout that fits your GPUs")
     p.add_argument("--gpus", type=int, required=True, help="number of GPUs")
     p.add_argument("--gpu-memory", required=True, metavar="SIZE", help="memory of one GPU, e.g. 80GB (GiB)")
@@ -230,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("config", parents=[config], help="every config key with its value, default and meaning")
     p.add_argument("--markdown", action="store_true", help="the defaults as the README's Markdown table")
+    p.add_argument("--methods", action="store_true",
+                   help="the residual methods (model.norm_layout) with their blocks and sources")
     p.set_defaults(func=_cmd_config)
     return parser
 

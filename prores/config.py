@@ -234,6 +234,14 @@ def keys_markdown() -> str:
     return "\n".join(rows)
 
 
+def methods_markdown() -> str:
+    """The README's table of residual methods (``prores config --markdown --methods``): the registry's."""
+    rows = ["| `model.norm_layout` | block | source |", "| --- | --- | --- |"]
+    rows += [f"| `{m.name}` | {m.doc} | {m.source} |" for m in LAYOUTS.values()]
+    rows += [f"| `model.norm: {name}` | {doc} | |" for name, doc in NORMS.items() if name == "dyt"]
+    return "\n".join(rows)
+
+
 # ---------------------------------------------------------------- loading
 
 

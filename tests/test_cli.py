@@ -17,7 +17,8 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
 from conftest import NO_SLURM, deepspeed_launcher, need, run_cli, slurm_available, srun, torchrun, train_args
-from prores.config import key_docs, keys_markdown, load_config
+from prores.config import key_docs, keys_markdown, load_config, methods_markdown
+from prores.model.layouts import LAYOUTS
 from prores.cli import default_run_dir
 from prores.run.progress import Progress
 from prores.run.summary import Summary
@@ -215,6 +216,11 @@ def test_a_problem_one_rank_finds_stops_every_rank_at_once(tmp_path):
 
 def test_readme_keys_table_is_the_registry():
     assert keys_markdown() in (ROOT / "README.md").read_text()
+
+
+def test_readme_method_table_is_the_registry():
+    assert methods_markdown() in (ROOT / "README.md").read_text()
+    assert methods_markdown().count("| `") == len(LAYOUTS) + 1  # and DyT
 
 
 def test_prores_config_shows_every_key_value_default_and_meaning():

@@ -81,8 +81,22 @@ LAYOUTS = {
     "dp2-docker-nodes": (["bash", str(Path(__file__).parent / "two_nodes.sh"), str(free_port())],
                          ("train.micro_batch_size=2",)),
 }
+# The baseline zoo on the machine, each against one process of its own: a per-channel gain (LayerScale),
+# a layout that changes with the global block index inside stage 1 (Mix-LN, Post-LN in blocks 1-4), DyT,
+# and depth-µP's parameter groups (the blocks' learning rate and eps rescaled) under ZeRO-1 over dp=2.
+ZOO = {
+    "layerscale": (("model.norm_layout=layerscale", "model.layerscale_init=0.1"), [("tp2pp2", torchrun(4))]),
+    "mixln": (("model.norm_layout=mixln", "model.mixln_ratio=0.67"), [("tp2pp2", torchrun(4))]),
+    "dyt": (("model.norm=dyt",), [("tp2pp2", torchrun(4))]),
+    "depthmup": (("model.depth_mup_alpha=1.0", "model.depth_mup_base=2"), [("dp2", torchrun(2))]),
+}
+for method, (overrides, layouts) in ZOO.items():
+    LAYOUTS[f"1x1x1-{method}"] = (None, overrides)
+    for name, launcher in layouts:
+        LAYOUTS[f"{name}-{method}"] = (launcher, overrides + LAYOUTS[name][1])
 RECOMPUTED = {"1x1x1-recompute": "1x1x1", "tp2pp2-recompute": "tp2pp2"}
 BASELINE = {name: {"pp2-uneven": "1x1x1-5blocks", "pp2-tied": "1x1x1-tied"}.get(name, "1x1x1") for name in LAYOUTS}
+BASELINE |= {f"{name}-{method}": f"1x1x1-{method}" for method, (_, layouts) in ZOO.items() for name, _ in layouts}
 
 
 def scalars_by_file(run_dir):
@@ -179,6 +193,16 @@ def test_per_layer_diagnostics_as_one_process(runs, name, family):
         assert bad is None, f"{name} {tag} at step {bad[0]}: {bad[1]!r} vs one process {bad[2]!r}"
 
 
+def test_layerscale_gains_are_logged_as_one_process(runs):
+    """layers/gain: each block's mean |λ|, written once by the stage that owns the block."""
+    got, want = runs["tp2pp2-layerscale"], runs["1x1x1-layerscale"]
+    tags = sorted(t for t in want["scalars"] if t.startswith("layers/gain/"))
+    assert len(tags) == 6 and sorted(t for t in got["scalars"] if t.startswith("layers/gain/")) == tags
+    for tag in tags:
+        assert sum(tag in f for f in got["files"].values()) == 1
+        assert first_divergence(got["scalars"][tag], want["scalars"][tag], RTOL) is None, tag
+
+
 @pytest.mark.parametrize("name", [n for n in LAYOUTS if not n.startswith("1x1x1")])
 def test_piece_gradient_norms_add_up_to_the_global_norm(runs, name):
     need(runs[name] is not None, NO_SLURM)
@@ -200,8 +224,9 @@ def diverged(tmp_path_factory):
             for name, d in done.items()}
 
 
-# recompute changes no number (RECOMPUTED) and acts inside the backward pass, before any stop is decided
-DIVERGING = [name for name in LAYOUTS if name not in RECOMPUTED]
+# recompute changes no number (RECOMPUTED) and acts inside the backward pass, before any stop is decided; the
+# zoo's methods change no launcher or stop path
+DIVERGING = [name for name in LAYOUTS if name not in RECOMPUTED and not any(name.endswith(m) for m in ZOO)]
 
 
 @pytest.mark.parametrize("name", DIVERGING)

@@ -41,7 +41,8 @@ CONFIG = ("model.num_layers=8", "model.seq_length=128", "train.micro_batch_size=
 # a fractional T: T·L = 14 lies between the kill at step 10 and the end, so the resumed run saturates
 LAYOUTS = {"pp1": (None, ()), "pp2": (torchrun(2), ("parallel.pp=2",)),
            "dp2-dropout": (torchrun(2), ("train.micro_batch_size=4", "model.dropout=0.1")),
-           "pp1-T1.75": (None, ("prores.T=1.75",))}
+           "pp1-T1.75": (None, ("prores.T=1.75",)),
+           "pp1-layerscale": (None, ("model.norm_layout=layerscale", "model.layerscale_init=0.1"))}
 
 
 def train_args(run_dir, *overrides) -> list[str]:

@@ -18,35 +18,19 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from prores.config import load_config
-from prores.data.tokenizers import load_tokenizer
 from prores.errors import UsageError
-from prores.launcher.builders import build_data, model_pieces, prores_schedule
+from prores.launcher.builders import build_data
+from prores.launcher.restore import OneProcessModel, checkpoint_steps, run_config
 from prores.model.block import Block
 from prores.monitor.heatmaps import heatmap, png, rgb
-from prores.parallel import topology
-from prores.parallel.consolidate import consolidated_weights
-from prores.run.checkpoint import Checkpoints
-
-
-def _load(pieces: list, specs: list, weights: dict[str, torch.Tensor]) -> None:
-    """A tied piece's weights are saved once, under the first piece of its tie."""
-    first = {}
-    for i, spec in enumerate(specs):
-        first.setdefault(spec.tie_key, i)
-    for i, (piece, spec) in enumerate(zip(pieces, specs)):
-        owner = first[spec.tie_key] if spec.tie_key else i
-        piece.load_state_dict({name: weights[f"{owner:02d}/{name}"] for name, _ in piece.named_parameters()})
 
 
 @torch.no_grad()
-def _block_outputs(pieces: list, tokens: torch.Tensor, step: int) -> dict[int, torch.Tensor]:
-    """Every block's output for ``tokens``, with the alpha of ``step`` (the pieces after the last block
-    are not needed)."""
+def _block_outputs(pieces: list, tokens: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Every block's output for ``tokens`` (the pieces after the last block are not needed)."""
     outputs, h = {}, tokens
     for piece in pieces:
         if isinstance(piece, Block):
-            piece.set_step(step)
             outputs[piece.layer_number] = h = piece(h)
         elif not outputs:
             h = piece(h)
@@ -55,24 +39,19 @@ def _block_outputs(pieces: list, tokens: torch.Tensor, step: int) -> dict[int, t
 
 def analyze(run_dir: Path) -> Path:
     run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise UsageError(f"{run_dir} is not a run directory (no config.yaml); give the --run-dir of a run.")
-    cfg = load_config(run_dir / "config.yaml")
-    steps = [found.step for found in Checkpoints(run_dir).complete()]
+    cfg = run_config(run_dir)
+    steps = checkpoint_steps(run_dir)
     if len(steps) < 2:
         have = "no complete checkpoint" if not steps else f"one checkpoint (step {steps[0]}), nothing to compare it with"
         raise UsageError(f"{run_dir} has {have}; keep checkpoints along a run with checkpoint.interval (and"
-                         " checkpoint.keep_every, or checkpoint.keep_last=0, so that they stay).")
-    topology.init(1, 1)
-    tokenizer = load_tokenizer(cfg.data.tokenizer)
-    probe = build_data(cfg, run_dir, tokenizer).valid[0][0]
+                         " checkpoint.keep_every, checkpoint.keep_steps or checkpoint.keep_last=0, so that they"
+                         " stay).")
+    model = OneProcessModel.of(run_dir)
+    probe = build_data(cfg, run_dir, model.tokenizer).valid[0][0]
     m = cfg.model
-    specs = model_pieces(cfg, tokenizer.vocab_size, prores_schedule(cfg))
-    pieces = [s.cls(**s.kwargs).eval() for s in specs]
     outputs = {}
     for step in [steps[-1]] + steps[:-1]:
-        _load(pieces, specs, consolidated_weights(run_dir / "checkpoints" / f"global_step{step}", pieces))
-        outputs[step] = _block_outputs(pieces, probe, step)
+        outputs[step] = _block_outputs(model.load(run_dir, step).pieces, probe)
         if step != steps[-1]:  # only the final outputs are kept whole
             outputs[step] = {l: F.cosine_similarity(out.float(), outputs[steps[-1]][l].float(), dim=-1).mean().item()
                              for l, out in outputs[step].items()}
