@@ -261,6 +261,29 @@ def test_a_dry_run_writes_nothing_and_a_changed_spec_is_refused(local_sweep, tmp
     assert other.returncode == 0 and f"{sweep_dir.parent / 'four-deeper'}" in other.stdout
 
 
+def test_an_eval_block_evaluates_the_completed_cells_and_the_report_shows_them(local_sweep):
+    """Added to a finished sweep (its cells train nothing new), the evaluation runs on every completed cell."""
+    tmp, _, sweep_dir, _ = local_sweep
+    evaluated = spec(tmp, "four", grid={"model.num_layers": [2, 3], "prores.schedule": ["linear", "none"]},
+                     seeds=[1], eval={"tasks": ["prores_lastword"], "limit": 3, "batch_size": 3},
+                     where=[{"when": {"model.num_layers": 3, "prores.schedule": "none"}, "set": {"optim.lr": 1.0e30}}])
+    proc = sweep_cli(evaluated, "--root", str(sweep_dir.parent), timeout=1800)
+    assert proc.returncode == 0 and "prores sweep: 3 evaluated" in proc.stdout, proc.stdout[-3000:]
+    again = sweep_cli(evaluated, "--root", str(sweep_dir.parent))
+    assert "prores sweep: nothing to run" in again.stdout
+    report = run_cli("report", str(sweep_dir), timeout=300)
+    assert report.returncode == 0, report.stderr[-2000:]
+    rows = {r["name"]: r for r in csv.DictReader(open(sweep_dir / "results.csv"))}
+    for cell in read_cells(sweep_dir):
+        results = Path(cell.run_dir) / "eval" / "6" / "results.json"
+        if cell.name == "L003-none-s1":  # diverged: nothing to evaluate
+            assert not results.exists() and rows[cell.name]["eval:prores_lastword/acc"] == ""
+            continue
+        acc = json.loads(results.read_text())["results"]["prores_lastword"]["acc,none"]
+        assert float(rows[cell.name]["eval:prores_lastword/acc"]) == acc
+    assert "prores_lastword/perplexity" in (sweep_dir / "report.md").read_text()
+
+
 def test_cells_record_absolute_run_directories(local_sweep, tmp_path):
     """status and report work from any directory."""
     _, _, sweep_dir, _ = local_sweep
@@ -399,6 +422,13 @@ def test_a_four_cell_sweep_runs_as_a_slurm_array(tmp_path):
     sweep_dir = tmp_path / "runs" / "array"
     dry = sweep_cli(path, "--root", str(tmp_path / "runs"), "--runner", "slurm", "--dry-run")
     assert dry.returncode == 0 and dry.stdout.count("sbatch --parsable --array=0,1,2,3 ") == 1
+    evaluated = spec(tmp_path, "array", grid={"model.num_layers": [2, 3], "prores.schedule": ["linear", "none"]},
+                     slurm={"nodes": 1, "ntasks_per_node": 1, "gpus_per_node": 0, "cpus_per_task": 1,
+                            "time": "00:20:00"}, eval={"tasks": ["prores_lastword"], "limit": 2})
+    dry = sweep_cli(evaluated, "--root", str(tmp_path / "runs"), "--runner", "slurm", "--dry-run").stdout
+    after = [line for line in dry.splitlines() if "sweep-eval.sbatch" in line]
+    assert len(after) == 1 and "--dependency=aftercorr:JOB" in after[0] and after[0].endswith(
+        "cells.jsonl --tasks prores_lastword --limit 2")
     proc = sweep_cli(path, "--root", str(tmp_path / "runs"), "--runner", "slurm", cwd=tmp_path)
     assert proc.returncode == 0 and "submitted job" in proc.stdout, proc.stderr[-3000:]
     job = proc.stdout.split("submitted job ")[1].split()[0]

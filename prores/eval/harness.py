@@ -28,6 +28,7 @@ from lm_eval.utils import get_rolling_token_windows, handle_non_serializable, ma
 from prores.errors import UsageError
 from prores.eval.tasks import materialize
 from prores.launcher.restore import OneProcessModel, pick_step
+from prores.run.evals import metrics, results_path
 
 
 @register_model("prores")
@@ -145,18 +146,11 @@ def evaluate(run_dir: Path, tasks: list[str], step: Optional[int] = None, limit:
     lm = ProresLM(OneProcessModel.of(run_dir).load(run_dir, step), batch_size=batch_size)
     results = simple_evaluate(model=lm, tasks=list(tasks_built.values()), limit=limit, task_manager=manager,
                               log_samples=False, bootstrap_iters=0)
-    out = run_dir / "eval" / str(step)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2, default=handle_non_serializable))
+    out = results_path(run_dir, step)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2, default=handle_non_serializable))
     _log_scalars(run_dir, step, results["results"])
-    return out / "results.json"
-
-
-def metrics(results: dict) -> dict[str, float]:
-    """``{"<task>/<metric>": value}`` of a results.json's ``results``: numbers only, filters dropped."""
-    return {f"{task}/{name.split(',')[0]}": float(value) for task, values in results.items()
-            for name, value in values.items()
-            if isinstance(value, (int, float)) and not name.startswith(("alias", "samples")) and "_stderr" not in name}
+    return out
 
 
 def _log_scalars(run_dir: Path, step: int, results: dict) -> None:

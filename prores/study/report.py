@@ -30,10 +30,16 @@ from prores.study.runs import DEPTH, Run, collect, groups, mean_spread, ppl, sta
 
 LEGEND = 9  # points
 
+def eval_metrics(runs: list[Run]) -> list[str]:
+    """The `prores eval` metrics any run has (its newest evaluation's), in order."""
+    return sorted({m for r in runs for m in r.evals})
+
+
 def table(runs: list[Run], keys: list[str]) -> list[list[str]]:
-    """Markdown rows: one per cell (seeds averaged over the completed ones)."""
+    """Markdown rows: one per cell (seeds averaged over the completed ones), with its evaluations."""
+    evals = eval_metrics(runs)
     head = keys + ["params", "steps", "final valid loss", "final ppl", "best valid loss", "best ppl",
-                   "loss spike score", "grad-norm spike score", "status", "tokens/s", "seeds"]
+                   "loss spike score", "grad-norm spike score", *evals, "status", "tokens/s", "seeds"]
     rows = [head]
     for group in groups(runs, keys).values():
         done = [r for r in group if r.completed]
@@ -50,6 +56,7 @@ def table(runs: list[Run], keys: list[str]) -> list[list[str]]:
             spread([x.get("best_valid_loss") for x in s]), spread([ppl(x.get("best_valid_loss")) for x in s], 2),
             spread([sp.get("train/loss", {}).get("score") for sp in spikes]),
             spread([sp.get("train/grad_norm", {}).get("score") for sp in spikes]),
+            *[spread([r.evals.get(m) for r in done]) for m in evals],
             state_text(group), spread([x.get("tokens_per_sec") for x in s], 0),
             str(len(group))])
     return rows
@@ -101,7 +108,8 @@ def csv_rows(runs: list[Run], keys: list[str]) -> list[dict]:
                      "loss_spike_score": spikes.get("train/loss", {}).get("score"),
                      "grad_norm_spike_score": spikes.get("train/grad_norm", {}).get("score"),
                      "act_rms_last_over_first": growth[0], "act_rms_growth_per_block": growth[1],
-                     "tokens_per_sec": s.get("tokens_per_sec"), "run_dir": str(r.run_dir)})
+                     "tokens_per_sec": s.get("tokens_per_sec"), "run_dir": str(r.run_dir),
+                     **{f"eval:{m}": v for m, v in r.evals.items() if r.completed}})
     return rows
 
 
@@ -208,7 +216,7 @@ def report(targets: list[Path], out_dir: Optional[Path] = None) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = csv_rows(runs, keys)
     with open(out_dir / "results.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=keys + CSV_FIELDS)
+        writer = csv.DictWriter(fh, fieldnames=keys + CSV_FIELDS + [f"eval:{m}" for m in eval_metrics(runs)])
         writer.writeheader()
         writer.writerows(rows)
     plots = {"ppl_vs_depth.png": ("Final validation ppl against depth", plot_ppl_vs_depth(runs, keys)),

@@ -22,6 +22,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Optional
 
 import prores
 from prores.errors import UsageError
@@ -78,40 +79,59 @@ class StopSignals:
             signal.signal(sig, handler)
 
 
+def needs_eval(cell: Cell) -> bool:
+    """A completed cell whose spec asks for an evaluation it has not had, of its final checkpoint."""
+    summary = read_summary(Path(cell.run_dir)) or {}
+    return bool(cell.eval) and summary.get("status") == "completed" and not (
+        Path(cell.run_dir) / "eval" / str(summary["steps"]) / "results.json").is_file()
+
+
 def run_local(sweep_dir: Path, cells: list[Cell], jobs: int = 1) -> int:
-    """0 when no cell failed (a diverged cell is a result, not a failure); 128 + the signal that stopped it."""
+    """0 when no cell failed (a diverged cell is a result, not a failure); 128 + the signal that stopped it.
+    A cell that completes is evaluated next, as its own `prores eval` process, if the spec has ``eval``."""
     todo = to_start(sweep_dir, cells)
+    evals = [c for c in cells if c not in todo and needs_eval(c)]
     logs = sweep_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     done = len(cells) - len(todo)
     progress = Progress(len(cells), done, log_interval=1, bar=True, desc="cells", unit="cell")
-    running: dict[str, tuple[Cell, subprocess.Popen]] = {}
+    running: dict[str, tuple[Cell, subprocess.Popen, str]] = {}
     states: Counter = Counter()
 
-    def start(cell: Cell) -> None:
+    def start(cell: Cell, command: str) -> None:
+        args = cell.train_args() if command == "train" else cell.eval_args()
         with open(logs / f"{cell.name}.log", "a") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "prores", "train", *cell.train_args()], stdout=log,
+            proc = subprocess.Popen([sys.executable, "-m", "prores", command, *args], stdout=log,
                                     stderr=subprocess.STDOUT, env=_cell_env(jobs), start_new_session=True)
-        record(sweep_dir, cell, pid=proc.pid)
-        running[cell.name] = (cell, proc)
+        if command == "train":
+            record(sweep_dir, cell, pid=proc.pid)
+        running[cell.name] = (cell, proc, command)
 
     def reap() -> None:
         nonlocal done
-        for name, (cell, proc) in list(running.items()):
-            if proc.poll() is not None:
-                del running[name]
-                record_exit(sweep_dir, cell, proc.returncode)
-                state = cell_state(sweep_dir, cell).state
-                states[state] += 1
-                done += 1
-                loss = (read_summary(Path(cell.run_dir)) or {}).get("final_valid_loss")
-                progress.advance(done, f"[{done}/{len(cells)}] {cell.name}: {state}"
-                                 + (f", valid loss {loss:.4f}" if loss else ""))
+        for name, (cell, proc, command) in list(running.items()):
+            if proc.poll() is None:
+                continue
+            del running[name]
+            if command == "eval":
+                states["eval failed" if proc.returncode else "evaluated"] += 1
+                progress.write(f"{cell.name}: evaluated" if proc.returncode == 0 else
+                               f"{cell.name}: evaluation failed (exit {proc.returncode}; see logs/{cell.name}.log)")
+                continue
+            record_exit(sweep_dir, cell, proc.returncode)
+            state = cell_state(sweep_dir, cell).state
+            states[state] += 1
+            done += 1
+            loss = (read_summary(Path(cell.run_dir)) or {}).get("final_valid_loss")
+            progress.advance(done, f"[{done}/{len(cells)}] {cell.name}: {state}"
+                             + (f", valid loss {loss:.4f}" if loss else ""))
+            if needs_eval(cell):
+                evals.append(cell)
 
     with StopSignals() as signals:
-        while (todo or running) and not signals.received:
-            while todo and len(running) < jobs:
-                start(todo.pop(0))
+        while (todo or evals or running) and not signals.received:
+            while (evals or todo) and len(running) < jobs:
+                start(*((evals.pop(0), "eval") if evals else (todo.pop(0), "train")))
             reap()
             time.sleep(0.2)
         if signals.received:
@@ -119,11 +139,11 @@ def run_local(sweep_dir: Path, cells: list[Cell], jobs: int = 1) -> int:
             n = len(running)
             print(f"prores sweep: {signal.Signals(sig).name}: stopping {n} running cell{'s' if n != 1 else ''} at"
                   " the next step (a checkpoint each); a second signal kills them", flush=True)
-            for _, proc in running.values():
+            for _, proc, _ in running.values():
                 proc.send_signal(signal.SIGTERM)
             while running:
                 if len(signals.received) > 1:
-                    for _, proc in running.values():
+                    for _, proc, _ in running.values():
                         proc.kill()
                 reap()
                 time.sleep(0.2)
@@ -133,7 +153,28 @@ def run_local(sweep_dir: Path, cells: list[Cell], jobs: int = 1) -> int:
     progress.close()
     print("prores sweep: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())) if states else
           "prores sweep: nothing to run", flush=True)
-    return 1 if states["failed"] else 0
+    return 1 if states["failed"] or states["eval failed"] else 0
+
+
+def _sbatch(sweep_dir: Path, group: list[Cell], script: str, job_name: str) -> list[str]:
+    r = group[0].slurm
+    command = ["sbatch", "--parsable", f"--array={','.join(str(c.index) for c in group)}",
+               f"--job-name={job_name}", f"--nodes={r['nodes']}",
+               f"--ntasks-per-node={r['ntasks_per_node']}", f"--gpus-per-node={r['gpus_per_node']}",
+               f"--cpus-per-task={r['cpus_per_task']}", f"--time={r['time']}"]
+    if r["partition"]:
+        command.append(f"--partition={r['partition']}")
+    return command + [*r["extra"], f"--output={sweep_dir.resolve() / 'logs'}/%x-%A_%a.out",
+                      f"--export=ALL,PRORES_SLURM_DIR={SLURM_DIR},PRORES_PYTHON={sys.executable}",
+                      str(SLURM_DIR / script)]
+
+
+def _groups(cells: list[Cell]) -> list[list[Cell]]:
+    """The cells by the resources they ask for."""
+    groups: dict[str, list[Cell]] = {}
+    for cell in cells:
+        groups.setdefault(json.dumps(cell.slurm, sort_keys=True), []).append(cell)
+    return list(groups.values())
 
 
 def sbatch_commands(sweep_dir: Path, cells: list[Cell], cells_file: Path) -> list[tuple[list[str], list[Cell]]]:
@@ -141,42 +182,50 @@ def sbatch_commands(sweep_dir: Path, cells: list[Cell], cells_file: Path) -> lis
     if not (SLURM_DIR / "sweep.sbatch").is_file():
         raise UsageError(f"{SLURM_DIR / 'sweep.sbatch'} not found: the Slurm runner needs the prores checkout's"
                          " slurm/ directory next to the package.")
-    groups: dict[str, list[Cell]] = {}
-    for cell in cells:
-        groups.setdefault(json.dumps(cell.slurm, sort_keys=True), []).append(cell)
-    commands = []
-    for group in groups.values():
-        r = group[0].slurm
-        command = ["sbatch", "--parsable", f"--array={','.join(str(c.index) for c in group)}",
-                   f"--job-name=prores-{sweep_dir.name}", f"--nodes={r['nodes']}",
-                   f"--ntasks-per-node={r['ntasks_per_node']}", f"--gpus-per-node={r['gpus_per_node']}",
-                   f"--cpus-per-task={r['cpus_per_task']}", f"--time={r['time']}"]
-        if r["partition"]:
-            command.append(f"--partition={r['partition']}")
-        command += [*r["extra"], f"--output={sweep_dir.resolve() / 'logs'}/%x-%A_%a.out",
-                    f"--export=ALL,PRORES_SLURM_DIR={SLURM_DIR},PRORES_PYTHON={sys.executable}",
-                    str(SLURM_DIR / "sweep.sbatch"), str(cells_file.resolve())]
-        commands.append((command, group))
-    return commands
+    return [(_sbatch(sweep_dir, group, "sweep.sbatch", f"prores-{sweep_dir.name}") + [str(cells_file.resolve())],
+             group) for group in _groups(cells)]
+
+
+def eval_command(sweep_dir: Path, group: list[Cell], cells_file: Path, after: Optional[str]) -> list[str]:
+    """The evaluation array of ``group`` (slurm/sweep-eval.sbatch): task i evaluates cell i, once training
+    task i of array ``after`` has ended well (``aftercorr``), or now."""
+    command = _sbatch(sweep_dir, group, "sweep-eval.sbatch", f"prores-eval-{sweep_dir.name}")
+    if after:
+        command.insert(3, f"--dependency=aftercorr:{after}")
+    args = group[0].eval_args()
+    return command + [str(cells_file.resolve()), *args[1:]]
 
 
 def run_slurm(sweep_dir: Path, cells: list[Cell], cells_file: Path, dry_run: bool = False) -> int:
-    """Submit the cells to start as job arrays; each array task is recorded as submitted (queued)."""
+    """Submit the cells to start as job arrays; each array task is recorded as submitted (queued). With an
+    ``eval`` block, each array gets an evaluation array that runs after it, task by task, and the finished cells
+    not evaluated yet get one of their own."""
     todo = to_start(sweep_dir, cells)
-    if not todo:
+    unevaluated = [c for c in cells if c not in todo and needs_eval(c)]
+    if not todo and not unevaluated:
         print("prores sweep: every cell is finished, queued or running; nothing to submit")
         return 0
     if not dry_run:
         (sweep_dir / "logs").mkdir(parents=True, exist_ok=True)
-    for command, group in sbatch_commands(sweep_dir, todo, cells_file):
+
+    def submit(command: list[str], what: str = "") -> str:
         if dry_run:
             print(shlex.join(command))
-            continue
+            return "JOB"
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             raise UsageError(f"`{shlex.join(command)}` failed: {done.stderr.strip()}")
         job = done.stdout.strip().split(";")[0]
-        for cell in group:
-            record(sweep_dir, cell, job=f"{job}_{cell.index}")
-        print(f"prores sweep: submitted job {job} ({command[2]})", flush=True)
+        print(f"prores sweep: submitted job {job} ({command[2]}{what})", flush=True)
+        return job
+
+    for command, group in sbatch_commands(sweep_dir, todo, cells_file):
+        job = submit(command)
+        if not dry_run:
+            for cell in group:
+                record(sweep_dir, cell, job=f"{job}_{cell.index}")
+        if group[0].eval:
+            submit(eval_command(sweep_dir, group, cells_file, after=job), ", the evaluation after it")
+    for group in _groups(unevaluated):
+        submit(eval_command(sweep_dir, group, cells_file, after=None), ", evaluations")
     return 0

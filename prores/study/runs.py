@@ -14,6 +14,7 @@ import yaml
 from prores.config import load_config
 from prores.errors import UsageError
 from prores.monitor.tensorboard import read_scalars
+from prores.run.evals import newest_metrics
 from prores.run.summary import read_summary
 from prores.study.state import cell_state
 from prores.study.sweep import read_cells
@@ -32,6 +33,7 @@ class Run:
     config: dict = field(default_factory=dict)  # flat, resolved
     summary: dict = field(default_factory=dict)
     scalars: dict = field(default_factory=dict)  # tag -> {step: value}
+    evals: dict = field(default_factory=dict)  # "<task>/<metric>" -> value, of its newest evaluation
 
     @property
     def completed(self) -> bool:
@@ -72,7 +74,7 @@ def collect(targets: list[Path]) -> tuple[list[Run], list[str], Optional[str]]:
             run_dir = Path(cell.run_dir)
             runs.append(Run(cell.name, run_dir, {k: cell.grid[k] for k in keys}, cell.grid.get(SEED),
                             cell_state(sweep_dir, cell).state, _flat_config(run_dir), read_summary(run_dir) or {},
-                            _read_events(run_dir)))
+                            _read_events(run_dir), newest_metrics(run_dir)[1]))
         unfinished = [r for r in runs if r.state not in ("completed", "diverged", "failed", "stopped")]
         counts = {}
         for r in runs:
@@ -92,7 +94,7 @@ def collect(targets: list[Path]) -> tuple[list[Run], list[str], Optional[str]]:
     for t, config in configs.items():
         summary = read_summary(t) or {}
         runs.append(Run(t.name, t, {k: config[k] for k in keys}, config.get(SEED), summary.get("status", "unknown"),
-                        config, summary, _read_events(t)))
+                        config, summary, _read_events(t), newest_metrics(t)[1]))
     return runs, keys, None
 
 

@@ -19,6 +19,7 @@ where:                        # overrides (and Slurm resources, and seeds) for t
   - when: {method: Pre-LN + ProRes, model.num_layers: 6}
     skip: true                # no such cell
 slurm: {nodes: 1, ntasks_per_node: 8, gpus_per_node: 8, cpus_per_task: 8, time: "24:00:00"}
+eval: {tasks: [prores_lastword, prores_rolling_ppl], limit: 100, batch_size: 16}   # after each cell
 ```
 
 Every cell is validated as `prores train` would validate it before anything
@@ -46,7 +47,8 @@ from prores.errors import UsageError
 from prores.parallel.rendezvous import check_divisible
 from prores.run.files import write_atomic
 
-SPEC_KEYS = ("name", "base", "set", "grid", "seeds", "where", "slurm")
+SPEC_KEYS = ("name", "base", "set", "grid", "seeds", "where", "slurm", "eval")
+EVAL_KEYS = {"tasks": list, "limit": int, "batch_size": int}  # `prores eval`'s options, each cell's checkpoint
 SLURM_KEYS = {"nodes": 1, "ntasks_per_node": 8, "gpus_per_node": 8, "cpus_per_task": 8, "time": "24:00:00",
               "partition": None, "extra": []}
 
@@ -91,9 +93,16 @@ class Cell:
     overrides: list[str]  # KEY=VALUE, as `prores train --set` takes them
     grid: dict[str, Any]  # the grid values (and the seed) that make this cell
     slurm: dict[str, Any] = field(default_factory=dict)
+    eval: dict[str, Any] = field(default_factory=dict)  # `prores eval` once the cell completes (EVAL_KEYS)
 
     def train_args(self) -> list[str]:
         return [self.base, *[a for o in self.overrides for a in ("--set", o)], "--run-dir", self.run_dir]
+
+    def eval_args(self) -> list[str]:
+        e = self.eval
+        return [self.run_dir, "--tasks", ",".join(e["tasks"])] + [
+            a for key, flag in (("limit", "--limit"), ("batch_size", "--batch-size")) if key in e
+            for a in (flag, str(e[key]))]
 
 
 def _token(key: str, value) -> str:
@@ -141,6 +150,12 @@ def _read(path: Path) -> dict:
         if seeds is not None and (not isinstance(seeds, list) or not seeds or
                                   not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
             raise SpecError(f"{path}: 'seeds' must be a non-empty list of integers, got {seeds!r}.")
+    evaluation = spec.get("eval")
+    if evaluation is not None and (not isinstance(evaluation, dict) or not isinstance(evaluation.get("tasks"), list)
+                                   or not evaluation["tasks"] or set(evaluation) - set(EVAL_KEYS)
+                                   or not all(isinstance(evaluation.get(k, t()), t) for k, t in EVAL_KEYS.items())):
+        raise SpecError(f"{path}: 'eval' is {{tasks: [TASK, ...], limit: N, batch_size: B}} (`prores eval`'s"
+                        f" options), got {evaluation!r}.")
     for resources in [spec.get("slurm") or {}] + [r.get("slurm") or {} for r in where]:
         unknown = sorted(set(resources) - set(SLURM_KEYS))
         if unknown:
@@ -212,8 +227,11 @@ def check_unchanged(sweep_dir: Path, cells: list[Cell], spec_file: str) -> None:
 
 
 def _same(a: Cell, b: Cell) -> bool:
-    """The same cell, wherever the sweep directory was reached from (older sweeps stored relative paths)."""
-    return asdict(a) | {"run_dir": Path(a.run_dir).name} == asdict(b) | {"run_dir": Path(b.run_dir).name}
+    """The same cell, wherever the sweep directory was reached from (older sweeps stored relative paths); its
+    evaluation may change (it trains nothing)."""
+    def key(c: Cell) -> dict:
+        return asdict(c) | {"run_dir": Path(c.run_dir).name, "eval": None}
+    return key(a) == key(b)
 
 
 def _cell(path: Path, index: int, sweep_dir: Path, spec: dict, values: dict, settings: dict, slurm: dict,
@@ -221,7 +239,8 @@ def _cell(path: Path, index: int, sweep_dir: Path, spec: dict, values: dict, set
     """One validated cell: its name from its grid values, its overrides from the spec's settings."""
     cell_name = "-".join(_token(k, v) for k, v in values.items()) or "cell"
     overrides = [f"{k}={yaml_value(v)}" for k, v in settings.items()]
-    cell = Cell(index, cell_name, str(sweep_dir / cell_name), str(spec["base"]), overrides, values, slurm)
+    cell = Cell(index, cell_name, str(sweep_dir / cell_name), str(spec["base"]), overrides, values, slurm,
+                spec.get("eval") or {})
     try:
         cfg = load_config(cell.base, tuple(overrides))
         check_divisible(processes or slurm["nodes"] * slurm["ntasks_per_node"], cfg.parallel.tp, cfg.parallel.pp)
