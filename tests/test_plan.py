@@ -24,7 +24,7 @@ import memory  # noqa: E402  (benchmarks/memory.py)
 
 SMALL = ("model.num_layers=4", "model.hidden_size=64", "model.ffn_hidden_size=160", "model.num_heads=4",
          "model.seq_length=32")
-VARIANTS = {
+SHAPES = {
     "pre, rmsnorm, swiglu, rope": (),
     "post": ("model.norm_layout=post",),
     "sandwich": ("model.norm_layout=sandwich",),
@@ -33,6 +33,18 @@ VARIANTS = {
     "tied": ("model.tie_embeddings=true",),
     "deepnorm": ("model.norm_layout=deepnorm", "model.init=deepnorm"),
 }
+METHODS = {  # what their gains, extra norms and DyT keep (test_methods.py counts their parameters)
+    "layerscale": ("model.norm_layout=layerscale",),
+    "rezero": ("model.norm_layout=rezero", "model.rezero_init=0.5"),
+    "admin": ("model.norm_layout=admin",),
+    "mixln (post block)": ("model.norm_layout=mixln", "model.mixln_ratio=0.5"),
+    "periln": ("model.norm_layout=periln",),
+    "hybridnorm": ("model.norm_layout=hybridnorm",),
+    "hybridnorm, layernorm": ("model.norm_layout=hybridnorm", "model.norm=layernorm"),
+    "dyt": ("model.norm=dyt",),
+    "depth-mup": ("model.depth_mup_alpha=1", "model.depth_mup_base=2"),
+}
+VARIANTS = {**SHAPES, **METHODS}
 VOCAB = 258  # the byte tokenizer
 
 
@@ -53,7 +65,7 @@ def saved_bytes(fn, exclude) -> int:
     return sum(n for ptr, n in storages.items() if ptr not in skip)
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", list(SHAPES))
 def test_parameter_counts_are_those_of_the_built_pieces(variant, world_of_one):
     m = load_config(None, SMALL + VARIANTS[variant]).model
     count = lambda module: sum(p.numel() for p in module.parameters())  # noqa: E731

@@ -82,14 +82,24 @@ class Shape:
         return self.stream or self.element
 
 
-def _norm_activations(m, backend: str, element: int) -> int:
-    """Per token, for a norm whose input has ``element`` bytes: the eager and compiled kernels compute in
-    fp32 and keep the fp32 input, the normalised input (RMSNorm) or the mean (LayerNorm), and rstd; the
-    Triton kernel keeps only its input as it came, rstd and (LayerNorm) the mean, and recomputes the rest."""
-    h, rms = m.hidden_size, m.norm == "rmsnorm"
+def _norm_activations(m, backend: str, element: int, width: int = 0, groups: int = 1) -> int:
+    """Per token, for norms over ``groups`` slices of ``width`` features (default: one over the hidden size)
+    whose input has ``element`` bytes: the eager and compiled kernels compute in fp32 and keep the fp32
+    input, the normalised input (RMSNorm) or the mean (LayerNorm), and rstd; the Triton kernel keeps only
+    its input as it came, rstd and (LayerNorm) the mean, and recomputes the rest. DyT, computed by the
+    reference on every backend, keeps its fp32 input and tanh's output."""
+    w, rms = width or m.hidden_size, m.norm == "rmsnorm"
+    if m.norm == "dyt":
+        return FP32 * 2 * w
     if backend == "triton":
-        return h * element + FP32 * (1 if rms else 2)
-    return FP32 * (2 * h + 1 if rms else h + 2)
+        return w * element + FP32 * groups * (1 if rms else 2)
+    return FP32 * (2 * w + groups if rms else w + 2 * groups)
+
+
+def _kept_affine(m, width: int) -> int:
+    """Elements of a norm's affine parameters that its backward keeps (as fp32 copies, or LNS-scaled ones):
+    the gain and, for LayerNorm, the bias; DyT's bias is added, so not kept."""
+    return 2 * width if m.norm == "layernorm" else width
 
 
 def block_activations(m, shape: Shape, tp: int = 1, backend: str = "eager") -> int:
@@ -100,18 +110,25 @@ def block_activations(m, shape: Shape, tp: int = 1, backend: str = "eager") -> i
     layout = LAYOUTS[m.norm_layout]
     norms = len(layout.norms)
     on_branch = sum(name.endswith("_post") for name in layout.norms)  # sandwich's norms of F's output
+    gained = sum({"attn": 1, "mlp": 1, "both": 2}.get(g.on, 0) for g in layout.gains)  # skip gains: x is kept
     replicated = ((norms - on_branch) * _norm_activations(m, backend, shape.stream_bytes)
-                  + on_branch * _norm_activations(m, backend, e) + 2 * h * e)  # + the QKV and fc1 inputs
+                  + on_branch * _norm_activations(m, backend, e)
+                  + 2 * h * e  # the QKV and fc1 inputs
+                  + gained * h * e)  # a branch's output, for its gain's gradient
     rope = 2 * h if m.position == "rope" else 0
-    split = (3 * h + rope + h + (5 if m.mlp == "swiglu" else 2) * f) * e // tp + a // tp * FP32  # + the LSE
+    if layout.qkv_norm:  # the norms keep QKV's output; SDPA keeps the normed V (and RoPE's Q and K)
+        qkv = 3 * _norm_activations(m, "eager", e, h, a) + h * e
+    else:  # SDPA keeps QKV's output whole
+        qkv = 3 * h * e
+    split = (qkv + (rope + h + (5 if m.mlp == "swiglu" else 2) * f) * e) // tp + a // tp * FP32  # + the LSE
     rope_tables = 4 * shape.seq * (h // a) * e if m.position == "rope" else 0  # cos and sin, for Q and K
-    # a norm whose gain is not the parameter itself keeps that copy: scaled by LNS, or (eager, compiled)
-    # cast to fp32
+    # a norm whose gain is not the parameter itself keeps that copy: scaled by LNS, or (eager, compiled,
+    # DyT everywhere) cast to fp32; the per-head Q, K and V norms always run eager
     scaled = layout.norm_out_scale(2) != 1.0
-    if backend == "triton":
-        gain_copies = norms * _norm_params(m) * e if scaled else 0
-    else:
-        gain_copies = norms * _norm_params(m) * FP32 if e != FP32 or scaled else 0
+    copies = e != FP32 and (backend != "triton" or m.norm == "dyt")
+    gain_copies = norms * _kept_affine(m, h) * (FP32 if copies else e) if copies or scaled else 0
+    if layout.qkv_norm and e != FP32:
+        gain_copies += 3 * _kept_affine(m, h // a) * FP32
     return shape.seq * shape.batch * (replicated + split) + rope_tables + gain_copies
 
 

@@ -2,7 +2,9 @@
 
 ``alpha`` is a 0-dim fp32 tensor, or None for exactly 1 (no multiply); ``gain``
 (a residual method's learnable branch gain: one scalar or one per channel) is
-None or multiplies the branch too: h = x + alpha·gain⊙f. ``bias`` may be None;
+None or multiplies the branch too: h = x + alpha·gain⊙f, gain⊙f in the branch's
+dtype, as the Triton kernel gets it (so autograd keeps f as it came, for the
+gain's gradient, on every backend). ``bias`` may be None;
 RMSNorm takes one too (added after the gain). DyT (:func:`dyt`) is not a
 normalisation, so no backend fuses it: every backend calls this one.
 
@@ -46,7 +48,9 @@ def add(x: Tensor, f: Tensor, alpha: Optional[Tensor], gain: Optional[Tensor] = 
 
 def add_norm(x: Tensor, f: Tensor, alpha: Optional[Tensor], weight: Tensor, bias: Optional[Tensor], eps: float,
              rms: bool, gain: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
-    h = add(_up(x), _up(f), alpha, None if gain is None else _up(gain))
+    if gain is not None:
+        f = gain * f
+    h = add(_up(x), _up(f), alpha)
     return h.to(x.dtype), _norm_up(h, weight, bias, eps, rms).to(x.dtype)
 
 
