@@ -220,7 +220,7 @@ def test_readme_keys_table_is_the_registry():
 
 def test_readme_method_table_is_the_registry():
     assert methods_markdown() in (ROOT / "README.md").read_text()
-    assert methods_markdown().count("| `") == len(LAYOUTS) + 1  # and DyT
+    assert methods_markdown().count("\n| `") == len(LAYOUTS) + 1  # the rows, and DyT
 
 
 def test_prores_config_shows_every_key_value_default_and_meaning():

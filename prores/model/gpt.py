@@ -7,6 +7,7 @@ its own pieces. Activations between pieces are [s, b, h].
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -28,7 +29,9 @@ from prores.model.size import padded_vocab_size
 
 
 class Embedding(nn.Module):
-    """Tokens [b, s] -> hidden [s, b, h]. Layer index 0."""
+    """Tokens [b, s] -> hidden [s, b, h]. Layer index 0. In a stack with no norm to set the scale of the
+    stream and the logits, the output is multiplied by √h: a learnable scalar from √h with DyT (the DyT
+    paper's LLaMA runs), the Transformer's fixed √d_model (Vaswani et al. 2017, §3.4) with ReZero."""
 
     def __init__(self, model_cfg, vocab_size: int, seed: int, tp: tuple[int, int] = (0, 1)):
         super().__init__()
@@ -39,12 +42,20 @@ class Embedding(nn.Module):
                                                       init_method=config.init_method, config=config)
         self.position_embeddings = nn.Embedding(model_cfg.seq_length, model_cfg.hidden_size) \
             if model_cfg.position == "learned" else None
+        dyt, norm_free = model_cfg.norm == "dyt", LAYOUTS[model_cfg.norm_layout].embedding_scale
+        self.scale_init = math.sqrt(model_cfg.hidden_size) if dyt or norm_free else 1.0
+        self.scale = nn.Parameter(torch.full((1,), self.scale_init)) if dyt else self.scale_init
         init_piece(self, model_cfg, 0, seed, tp)
+
+    def initial_values(self) -> dict[str, float]:
+        return {"scale": self.scale_init} if isinstance(self.scale, nn.Parameter) else {}
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.word_embeddings(tokens)
         if self.position_embeddings is not None:
             h = h + self.position_embeddings.weight[: tokens.shape[1]]
+        if self.scale_init != 1.0:
+            h = h * self.scale
         h = h.transpose(0, 1).contiguous()
         if self.fp32_residual:  # the residual stream starts here
             h = h.float()

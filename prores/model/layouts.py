@@ -102,6 +102,7 @@ class Layout:
     norm_out_scale: Callable[[int], float] = lambda l: 1.0  # from the global block index
     embedding_norm: bool = False  # a norm on the embedding's output
     qkv_norm: bool = False  # norms on Q, K and V inside the attention (per head)
+    embedding_scale: bool = False  # the embedding's output times √h: nothing else sets the stream's scale
 
 
 LAYOUTS: dict[str, Layout] = {
@@ -122,10 +123,11 @@ LAYOUTS: dict[str, Layout] = {
                gains=(Gain("attn", True, _layerscale_init), Gain("mlp", True, _layerscale_init)),
                doc="x + a·λ⊙F(Norm(x)), λ per channel and branch, learnable, from model.layerscale_init",
                source="Touvron et al. 2021 (CaiT), arXiv 2103.17239; facebookresearch/deit cait_models.py"),
-        Layout("rezero", _rezero, (), final_norm=False,
+        Layout("rezero", _rezero, (), final_norm=False, embedding_scale=True,
                gains=(Gain("both", False, lambda l, L, m: m.rezero_init),),
                doc="x + a·s·F(x), no norm; s one learnable scalar a block for both branches, from"
-                   " model.rezero_init (0: alpha changes nothing until s moves)",
+                   " model.rezero_init (0: alpha changes nothing until s moves); the embedding times √h, the"
+                   " Transformer's √d_model",
                source="Bachlechner et al. 2020, arXiv 2003.04887; majumderb/rezero"),
         Layout("admin", _post, ("norm1", "norm2"), final_norm=False,
                gains=(Gain("attn_skip", True, _admin_omega), Gain("mlp_skip", True, _admin_omega)),

@@ -9,8 +9,9 @@ from prores.model.kernels import NORMS
 
 
 class Norm(nn.Module):
-    """Affine weight (and bias for LayerNorm and DyT), replicated over tensor-parallel ranks; DyT adds its
-    learnable scalar ``alpha`` (initial value ``dyt_init``).
+    """Affine weight (and bias for LayerNorm), replicated over tensor-parallel ranks; DyT adds its
+    learnable scalar ``alpha`` (initial value ``dyt_init``) and, as in the DyT paper's LLaMA runs, where it
+    replaces RMSNorm, has no bias.
 
     ``out_scale`` multiplies the output (LNS uses 1/sqrt(l)); it is folded into
     the affine weight at call time so the norm stays a single op.
@@ -22,7 +23,7 @@ class Norm(nn.Module):
             raise ValueError(f"unknown norm {kind!r}; known: {', '.join(NORMS)}")
         self.kind, self.eps, self.out_scale, self.dyt_init = kind, eps, out_scale, dyt_init
         self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.bias = nn.Parameter(torch.zeros(hidden_size)) if kind in ("layernorm", "dyt") else None
+        self.bias = nn.Parameter(torch.zeros(hidden_size)) if kind == "layernorm" else None
         self.alpha = nn.Parameter(torch.full((1,), dyt_init)) if kind == "dyt" else None
 
     def initial_values(self) -> dict[str, float]:

@@ -38,9 +38,9 @@ def padded_vocab_size(vocab_size: int, multiple: int) -> int:
 
 
 def _norm_params(m, width: int = 0) -> int:
-    """A norm over ``width`` (default: the hidden size) features: gain; LayerNorm a bias; DyT a bias and a."""
+    """A norm over ``width`` (default: the hidden size) features: gain; LayerNorm a bias; DyT its a."""
     width = width or m.hidden_size
-    return {"layernorm": 2 * width, "rmsnorm": width, "dyt": 2 * width + 1}[m.norm]
+    return {"layernorm": 2 * width, "rmsnorm": width, "dyt": width + 1}[m.norm]
 
 
 def block_parameters(m, tp: int = 1) -> int:
@@ -55,10 +55,12 @@ def block_parameters(m, tp: int = 1) -> int:
 
 
 def embedding_parameters(m, vocab_size: int, tp: int = 1) -> int:
-    """The word embedding (split over tp), learned positions, and a method's norm on its output (Peri-LN)."""
+    """The word embedding (split over tp), learned positions, a method's norm on its output (Peri-LN), and
+    DyT's scale of it."""
     positions = m.seq_length * m.hidden_size if m.position == "learned" else 0
     norm = _norm_params(m) if LAYOUTS[m.norm_layout].embedding_norm else 0
-    return padded_vocab_size(vocab_size, m.vocab_multiple) * m.hidden_size // tp + positions + norm
+    scale = 1 if m.norm == "dyt" else 0
+    return padded_vocab_size(vocab_size, m.vocab_multiple) * m.hidden_size // tp + positions + norm + scale
 
 
 def head_parameters(m, vocab_size: int, tp: int = 1) -> int:
@@ -98,7 +100,7 @@ def _norm_activations(m, backend: str, element: int, width: int = 0, groups: int
 
 def _kept_affine(m, width: int) -> int:
     """Elements of a norm's affine parameters that its backward keeps (as fp32 copies, or LNS-scaled ones):
-    the gain and, for LayerNorm, the bias; DyT's bias is added, so not kept."""
+    the gain and, for LayerNorm, the bias."""
     return 2 * width if m.norm == "layernorm" else width
 
 

@@ -15,6 +15,7 @@ BACKENDS = {
 NORMS = {
     "layernorm": "(x - mean)/sqrt(var + eps)·γ + β",
     "rmsnorm": "x/sqrt(mean(x²) + eps)·γ",
-    "dyt": "γ⊙tanh(a·x) + β, a learnable scalar from model.dyt_init (Zhu et al. 2025, arXiv 2503.10622;"
-           " jiachenzhu/DyT); not a normalisation, so computed unfused",
+    "dyt": "γ⊙tanh(a·x), a learnable scalar from model.dyt_init, and the embedding's output times a learnable"
+           " scalar from √h, as in the paper's LLaMA runs (Zhu et al. 2025, arXiv 2503.10622; jiachenzhu/DyT"
+           " other_tasks/LLaMA); not a normalisation, so computed unfused",
 }

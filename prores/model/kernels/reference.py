@@ -54,6 +54,6 @@ def add_norm(x: Tensor, f: Tensor, alpha: Optional[Tensor], weight: Tensor, bias
     return h.to(x.dtype), _norm_up(h, weight, bias, eps, rms).to(x.dtype)
 
 
-def dyt(x: Tensor, alpha: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    """Dynamic Tanh, weight⊙tanh(alpha·x) + bias (Zhu et al. 2025), in fp32 arithmetic."""
-    return (_up(weight) * torch.tanh(_up(alpha) * _up(x)) + _up(bias)).to(x.dtype)
+def dyt(x: Tensor, alpha: Tensor, weight: Tensor) -> Tensor:
+    """Dynamic Tanh, weight⊙tanh(alpha·x) (Zhu et al. 2025, as in its LLaMA runs), in fp32 arithmetic."""
+    return (_up(weight) * torch.tanh(_up(alpha) * _up(x))).to(x.dtype)
