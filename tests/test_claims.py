@@ -196,3 +196,13 @@ def test_representation_evolution(study):
             cos = [float(v) for v in table[1][1:]]
             rho = numpy.corrcoef(ranks(list(range(1, depth + 1))), ranks(cos))[0, 1]
             assert rows[role][str(depth)][str(seed)] == {"step": 2, "spearman": pytest.approx(rho)}
+
+
+def test_methods_on_top_of_pre_ln_are_not_pre_ln():
+    """A zoo sweep's DyT and CompleteP cells are Pre-LN layouts, but neither Pre-LN nor ProRes to the claims."""
+    from prores.study.claims import role
+
+    pre = {"model.norm_layout": "pre", "model.init": "normal", "model.norm": "rmsnorm"}
+    assert role(pre | {"prores.schedule": "linear"}) == "prores" and role(pre | {"prores.schedule": "none"}) == "pre"
+    assert role(pre | {"prores.schedule": "linear", "model.norm": "dyt"}) is None
+    assert role(pre | {"prores.schedule": "none", "model.depth_mup_alpha": 1.0}) is None

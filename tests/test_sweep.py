@@ -63,6 +63,27 @@ def test_where_rules_set_keys_and_slurm_resources_per_cell(tmp_path):
     assert shallow.slurm["ntasks_per_node"] == deep.slurm["ntasks_per_node"] == 4
 
 
+def test_named_axes_per_rule_seeds_and_skipped_cells(tmp_path):
+    """A named axis labels sets of overrides; a rule may give its cells their own seeds, or drop them."""
+    _, cells = expand(spec(tmp_path, grid={"model.num_layers": [2, 3],
+                                           "method": {"A": {}, "B + post": {"model.norm_layout": "post"}}},
+                           seeds=[1], where=[{"when": {"method": "A"}, "seeds": [1, 2]},
+                                             {"when": {"method": "B + post", "model.num_layers": 3}, "skip": True}]))
+    assert [c.name for c in cells] == ["L002-A-s1", "L002-A-s2", "L002-B_+_post-s1", "L003-A-s1", "L003-A-s2"]
+    assert "model.norm_layout=post" in cells[2].overrides and cells[2].grid["method"] == "B + post"
+    assert not any(o.startswith("model.norm_layout") for o in cells[0].overrides)
+
+
+def test_the_packaged_cpu_studies_validate_every_cell(tmp_path):
+    """`prores sweep SPEC --dry-run` expands these (every cell's config loads)."""
+    _, depth = expand("cpu-depth.yaml", root=str(tmp_path))
+    assert len(depth) == 6 * (3 + 5 + 3) + 3 * 2  # Pre-LN and ProRes three seeds; Post-LN ±ProRes to 48 blocks
+    _, zoo = expand("cpu-zoo.yaml", root=str(tmp_path))
+    assert len(zoo) == 2 * 9 * 2 * 2  # depths × methods × ProRes off/on × seeds
+    cell = next(c for c in zoo if c.name == "L048-CompleteP-on-s2")
+    assert {"model.depth_mup_alpha=1", "prores.schedule=linear", "train.steps=150"} <= set(cell.overrides)
+
+
 def test_one_sbatch_array_per_resource_group(tmp_path):
     sweep_dir, cells = expand(spec(tmp_path, grid={"model.num_layers": [12, 96, 24]},
                                    where=[{"when": {"model.num_layers": 96}, "slurm": {"nodes": 2, "time": "48:00:00"}}]))

@@ -41,6 +41,8 @@ def role(config: dict) -> Optional[str]:
     """``prores``, ``pre``, ``lns``, ``deepnorm``, ``post``, ``post+prores``, or None (another method)."""
     layout, init, schedule = (config.get(k) for k in ("model.norm_layout", "model.init", "prores.schedule"))
     on = schedule not in (None, "none")
+    if config.get("model.norm") == "dyt" or config.get("model.depth_mup_alpha"):  # another method on top
+        return None
     if layout == "pre" and init == "normal":
         return "prores" if on else "pre"
     if layout == "post":
