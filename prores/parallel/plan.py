@@ -34,7 +34,6 @@ class ParameterBytes:
     grads: int
     optimizer: int
     step: int  # what the optimizer step adds while the activations are gone
-    step: int
 
 
 def parameter_bytes(params: int, bf16: bool, zero_stage: int, dp: int, device: str = "cuda") -> ParameterBytes:
