@@ -295,15 +295,18 @@ class Study:
 
     # ------------------------------------------------------------------ (b) activation growth
 
-    def growth(self) -> Claim:
+    def per_run(self, measure: Callable[[Run], Optional[dict]]) -> dict:
+        """``{role: {depth: {seed: measure(run)}}}`` over the Pre-LN and ProRes runs it measures."""
         rows: dict = {}
         for c in self.cells.values():
-            if c.role not in ("pre", "prores"):
-                continue
-            for r in c.runs:
-                shape = act_shape(r)
-                if shape is not None:
-                    rows.setdefault(c.role, {}).setdefault(c.depth, {})[r.seed] = shape
+            for r in c.runs if c.role in ("pre", "prores") else ():
+                value = measure(r)
+                if value is not None:
+                    rows.setdefault(c.role, {}).setdefault(c.depth, {})[r.seed] = value
+        return rows
+
+    def growth(self) -> Claim:
+        rows = self.per_run(act_shape)
         verdicts = {}
         for d in sorted(set(rows.get("pre", {})) & set(rows.get("prores", {}))):
             pre = [s["early"]["exponential"] for s in rows["pre"][d].values()]
@@ -323,14 +326,7 @@ class Study:
     # ------------------------------------------------------------------ (e) representation evolution
 
     def evolution(self) -> Claim:
-        rows: dict = {}
-        for c in self.cells.values():
-            if c.role not in ("pre", "prores"):
-                continue
-            for r in c.runs:
-                rho = cosine_order(r)
-                if rho is not None:
-                    rows.setdefault(c.role, {}).setdefault(c.depth, {})[r.seed] = rho
+        rows = self.per_run(cosine_order)
         pro = rows.get("prores", {})
         means = {d: statistics.fmean(v["spearman"] for v in seeds.values()) for d, seeds in pro.items()}
         verdict = (UNMEASURED if not means else HOLDS if all(m <= -0.5 for m in means.values()) else
