@@ -87,7 +87,10 @@ LAYOUTS = {
 ZOO = {
     "layerscale": (("model.norm_layout=layerscale", "model.layerscale_init=0.1"), [("tp2pp2", torchrun(4))]),
     "mixln": (("model.norm_layout=mixln", "model.mixln_ratio=0.67"), [("tp2pp2", torchrun(4))]),
-    "dyt": (("model.norm=dyt",), [("tp2pp2", torchrun(4))]),
+    # DyT does not normalise: at width 64 with std 0.02 its MLP gains get gradients ~6e-8, and lr·g is below
+    # half an fp32 ulp of 1, so they would never move and nothing would be compared. With the fan-in std
+    # 1/√64 every gain moves by ≥ 5e-4 (~10⁴ ulps) in the 10 steps.
+    "dyt": (("model.norm=dyt", "model.init_std=0.125"), [("tp2pp2", torchrun(4))]),
     "depthmup": (("model.depth_mup_alpha=1.0", "model.depth_mup_base=2"), [("dp2", torchrun(2))]),
 }
 for method, (overrides, layouts) in ZOO.items():

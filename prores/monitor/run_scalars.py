@@ -4,13 +4,14 @@ and, once per run, the Custom Scalars layout that shows each per-layer family as
 
 from __future__ import annotations
 
+from prores.model.layouts import LAYOUTS
 from prores.run.callbacks import Callback
 
 
 class LogScalars(Callback):
     def on_start(self, trainer) -> None:
         if trainer.step == 0 and trainer.topo.rank == 0:
-            trainer.writer.layout()
+            trainer.writer.layout(has_gains=bool(LAYOUTS[trainer.cfg.model.norm_layout].gains))
 
     def post_step(self, trainer, step: int, metrics: dict) -> None:
         if trainer.log_due(step):

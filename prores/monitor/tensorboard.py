@@ -32,9 +32,11 @@ def mark_resume(run_dir: Path, step: int) -> None:
     SummaryWriter(log_dir=str(run_dir), purge_step=step, filename_suffix=".resume").close()
 
 
-def custom_scalars_layout() -> dict:
-    """Each per-layer family as one multiline chart (TensorBoard's Custom Scalars tab)."""
-    return {"per layer": {family: ["Multiline", [f"^{family}/.*"]] for family in LAYER_FAMILIES}}
+def custom_scalars_layout(has_gains: bool) -> dict:
+    """Each per-layer family the run logs as one multiline chart (TensorBoard's Custom Scalars tab); a
+    method without residual gains logs no ``layers/gain``."""
+    families = [f for f in LAYER_FAMILIES if has_gains or f != "layers/gain"]
+    return {"per layer": {family: ["Multiline", [f"^{family}/.*"]] for family in families}}
 
 
 class RunWriter:
@@ -76,9 +78,9 @@ class RunWriter:
         if self._writer is not None:
             self._writer.add_image(tag, rgb, step, dataformats="HWC")
 
-    def layout(self) -> None:
+    def layout(self, has_gains: bool) -> None:
         if self._writer is not None:
-            self._writer.add_custom_scalars(custom_scalars_layout())
+            self._writer.add_custom_scalars(custom_scalars_layout(has_gains))
 
     def flush(self) -> None:
         if self._writer is not None:
