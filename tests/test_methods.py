@@ -134,7 +134,7 @@ def test_the_gains_start_at_their_papers_values(world_of_one):
     assert Block(deep, ProRes("none", 5, 48), 1, 0).gain_attn[0].item() == pytest.approx(1e-6)  # CaiT, deeper than 24
     assert gains("layerscale", layerscale_init=1e-4)["gain_mlp"][0].item() == pytest.approx(1e-4)
     assert gains("rezero")["gain_both"].tolist() == [0.0]
-    omega = (2 * L + 1) / math.log(2 * L + 1) - 1  # admin-torch's calculate_init(2L), O(log n)
+    omega = math.sqrt((2 * L + 1) / math.log(2 * L + 1) - 1)  # admin-torch's calculate_init(2L), O(log n)
     assert gains("admin")["gain_attn_skip"][0].item() == pytest.approx(omega)
     dyt_block = Block(ModelConfig(num_layers=L, hidden_size=H, ffn_hidden_size=40, num_heads=HEADS, norm="dyt",
                                   dyt_init=0.7), ProRes("none", 5, L), LAYER, 0)

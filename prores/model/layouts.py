@@ -83,10 +83,11 @@ def _layerscale_init(l: int, L: int, m) -> float:
 
 
 def _admin_omega(l: int, L: int, m) -> float:
-    """admin-torch's closed form for N residual sublayers at its default output change O(log N):
-    ω = (N + 1)/ln(N + 1) − 1, N = 2L (an attention and an MLP sublayer a block)."""
+    """admin-torch's closed form for N residual sublayers at its default output change O(log N)
+    (``calculate_init``, which returns the square root): ω = √((N + 1)/ln(N + 1) − 1), N = 2L (an attention
+    and an MLP sublayer a block)."""
     n = 2 * L
-    return (n + 1) / math.log(n + 1) - 1
+    return math.sqrt((n + 1) / math.log(n + 1) - 1)
 
 
 @dataclass(frozen=True)
@@ -131,8 +132,8 @@ LAYOUTS: dict[str, Layout] = {
                source="Bachlechner et al. 2020, arXiv 2003.04887; majumderb/rezero"),
         Layout("admin", _post, ("norm1", "norm2"), final_norm=False,
                gains=(Gain("attn_skip", True, _admin_omega), Gain("mlp_skip", True, _admin_omega)),
-               doc="Norm(ω⊙x + a·F(x)), ω per channel and sublayer, learnable, from (N+1)/ln(N+1) − 1 with"
-                   " N = 2L sublayers", source="Liu et al. 2020, arXiv 2004.08249; microsoft/admin-torch"),
+               doc="Norm(ω⊙x + a·F(x)), ω per channel and sublayer, learnable, from √((N+1)/ln(N+1) − 1)"
+                   " with N = 2L sublayers", source="Liu et al. 2020, arXiv 2004.08249; microsoft/admin-torch"),
         Layout("mixln", _mixln, ("norm1", "norm2"), final_norm=True,
                doc="Post-LN in blocks l <= ⌊ρL⌋ (ρ = model.mixln_ratio, l global), Pre-LN after",
                source="Li et al. 2024, arXiv 2412.13795; pixeli99/MixLN"),
