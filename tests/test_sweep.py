@@ -291,6 +291,7 @@ def test_an_eval_block_evaluates_the_completed_cells_and_the_report_shows_them(l
                      where=[{"when": {"model.num_layers": 3, "prores.schedule": "none"}, "set": {"optim.lr": 1.0e30}}])
     proc = sweep_cli(evaluated, "--root", str(sweep_dir.parent), timeout=1800)
     assert proc.returncode == 0 and "prores sweep: 3 evaluated" in proc.stdout, proc.stdout[-3000:]
+    assert "3 completed cells still to evaluate" in proc.stdout
     again = sweep_cli(evaluated, "--root", str(sweep_dir.parent))
     assert "prores sweep: nothing to run" in again.stdout
     report = run_cli("report", str(sweep_dir), timeout=300)

@@ -91,6 +91,8 @@ def run_local(sweep_dir: Path, cells: list[Cell], jobs: int = 1) -> int:
     A cell that completes is evaluated next, as its own `prores eval` process, if the spec has ``eval``."""
     todo = to_start(sweep_dir, cells)
     evals = [c for c in cells if c not in todo and needs_eval(c)]
+    if evals:
+        print(f"prores sweep: {len(evals)} completed cells still to evaluate (the spec's `eval`)", flush=True)
     logs = sweep_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     done = len(cells) - len(todo)
