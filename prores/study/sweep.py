@@ -1,7 +1,7 @@
 """Sweep specs: a YAML file that names a grid of runs ("cells"), each one `prores train`.
 
 ```yaml
-name: cpu-demo                # default: the spec file's name
+name: cpu-depth               # default: the spec file's name
 base: tiny.yaml               # a config file or a packaged name
 set: {train.steps: 300}       # fixed overrides
 grid:                         # the product of the lists is the set of cells
