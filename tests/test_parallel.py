@@ -51,7 +51,11 @@ COMMON = ("model.num_layers=6", "model.hidden_size=64", "model.ffn_hidden_size=1
           "train.micro_batch_size=4", "train.log_interval=1", "train.eval_interval=5",
           "optim.lr=0.1", "optim.eps=1.0", "optim.warmup_steps=2", "prores.T=1", "data.eval_samples=8",
           "logging.stats_interval=3", "checkpoint.interval=5",
-          "logging.progress_bar=false", f"data.eval.fixture={Path(__file__).parent / 'fixtures' / 'tiny_corpus.jsonl'}")
+          "logging.progress_bar=false", f"data.eval.fixture={Path(__file__).parent / 'fixtures' / 'tiny_corpus.jsonl'}",
+          # the layouts are compared on the plain-torch kernels: Inductor's start-up (~7 CPU-seconds a process, over
+          # a hundred processes here) would be most of this file's time. The compiled kernels cross the machine in
+          # the "-compile" pair below, and tests/test_fused.py holds them to the reference formulas.
+          "kernels.backend=eager")
 UNEVEN = ("model.num_layers=5", "parallel.pp=2", "parallel.stage_layers=[2, 3]")
 SATURATED_FROM = 6  # T·L: from this step every block runs the saturated path (alpha None, no multiply)
 
@@ -68,6 +72,9 @@ LAYOUTS = {
     "pp2-accum4": (torchrun(2), ("parallel.pp=2", "train.micro_batch_size=1", "train.grad_accum=4")),
     # blocks recomputed in the backward pass: the same numbers as without (bitwise, see RECOMPUTED)
     "1x1x1-recompute": (None, ("model.recompute=block",)),
+    # torch.compile's kernels (what kernels.backend=auto takes on a CPU with a C++ compiler) on TP × PP
+    "1x1x1-compile": (None, ("kernels.backend=compile",)),
+    "tp2pp2-compile": (torchrun(4), ("parallel.tp=2", "parallel.pp=2", "kernels.backend=compile")),
     "tp2pp2-recompute": (torchrun(4), ("parallel.tp=2", "parallel.pp=2", "model.recompute=block")),
     "1x1x1-5blocks": (None, ("model.num_layers=5",)),
     "pp2-uneven": (torchrun(2), UNEVEN),
@@ -98,7 +105,8 @@ for method, (overrides, layouts) in ZOO.items():
     for name, launcher in layouts:
         LAYOUTS[f"{name}-{method}"] = (launcher, overrides + LAYOUTS[name][1])
 RECOMPUTED = {"1x1x1-recompute": "1x1x1", "tp2pp2-recompute": "tp2pp2"}
-BASELINE = {name: {"pp2-uneven": "1x1x1-5blocks", "pp2-tied": "1x1x1-tied"}.get(name, "1x1x1") for name in LAYOUTS}
+BASELINE = {name: {"pp2-uneven": "1x1x1-5blocks", "pp2-tied": "1x1x1-tied", "tp2pp2-compile": "1x1x1-compile"}
+            .get(name, "1x1x1") for name in LAYOUTS}
 BASELINE |= {f"{name}-{method}": f"1x1x1-{method}" for method, (_, layouts) in ZOO.items() for name, _ in layouts}
 
 
@@ -228,8 +236,9 @@ def diverged(tmp_path_factory):
 
 
 # recompute changes no number (RECOMPUTED) and acts inside the backward pass, before any stop is decided; the
-# zoo's methods change no launcher or stop path
-DIVERGING = [name for name in LAYOUTS if name not in RECOMPUTED and not any(name.endswith(m) for m in ZOO)]
+# zoo's methods and the kernel backend change no launcher or stop path
+DIVERGING = [name for name in LAYOUTS
+             if name not in RECOMPUTED and not any(name.endswith(m) for m in [*ZOO, "compile"])]
 
 
 @pytest.mark.parametrize("name", DIVERGING)
@@ -428,7 +437,7 @@ def test_the_fp32_residual_stream_crosses_pipeline_stages_in_fp32(bf16_runs):
 DEEP = ("model.hidden_size=32", "model.ffn_hidden_size=64", "model.num_heads=4", "model.seq_length=32",
         "train.precision=fp32", "train.micro_batch_size=2", "train.grad_accum=2", "train.steps=3",
         "train.log_interval=1", "train.eval_interval=3", "data.eval_samples=4", "optim.warmup_steps=1",
-        "logging.stats_interval=1", "checkpoint.interval=0", "logging.progress_bar=false")
+        "logging.stats_interval=1", "checkpoint.interval=0", "logging.progress_bar=false", "kernels.backend=eager")
 
 
 def test_120_blocks_over_4_stages_with_recompute_train_like_one_process(tmp_path):

@@ -372,11 +372,9 @@ def default_signals(ignore=()):
     return preexec
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("sig, ignored", [(signal.SIGINT, ()), (signal.SIGHUP, ()),
-                                          (signal.SIGTERM, (signal.SIGINT, signal.SIGHUP))],
-                         ids=["ctrl-c", "hangup", "term-under-nohup"])
-def test_a_signal_stops_the_cells_cleanly_and_a_rerun_resumes_them(tmp_path, straight, sig, ignored):
+def stop_a_sweep(tmp_path, sig, ignored=()):
+    """Start the two-cell sweep with a foreground job's signal dispositions (``ignored`` ignored), and once its
+    first cell has checkpointed send it each ignored signal, then ``sig``: (spec path, sweep dir, runner)."""
     path = spec(tmp_path, "slow", grid={"model.num_layers": [2]}, seeds=[1, 2], set=SLOW)
     sweep_dir = tmp_path / "runs" / "slow"
     runner = subprocess.Popen(cli_command("sweep", path, "--root", str(tmp_path / "runs")), stdout=subprocess.PIPE,
@@ -391,6 +389,15 @@ def test_a_signal_stops_the_cells_cleanly_and_a_rerun_resumes_them(tmp_path, str
         time.sleep(1)
         assert runner.poll() is None
     runner.send_signal(sig)
+    return path, sweep_dir, runner
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, ignored", [(signal.SIGINT, ()), (signal.SIGHUP, ()),
+                                          (signal.SIGTERM, (signal.SIGINT, signal.SIGHUP))],
+                         ids=["ctrl-c", "hangup", "term-under-nohup"])
+def test_a_signal_stops_the_runner_and_its_cells_cleanly(tmp_path, sig, ignored):
+    _, sweep_dir, runner = stop_a_sweep(tmp_path, sig, ignored)
     out, _ = runner.communicate(timeout=300)
     assert runner.returncode == 128 + sig, out
     assert f"prores sweep: {signal.Signals(sig).name}: stopping 1 running cell" in out
@@ -401,6 +408,16 @@ def test_a_signal_stops_the_cells_cleanly_and_a_rerun_resumes_them(tmp_path, str
     assert "L002-s1  stopped" in status and "L002-s2  pending" in status
     summary = json.loads((sweep_dir / "L002-s1" / "summary.json").read_text())
     assert summary["status"] == "stopped" and 5 <= summary["steps"] < 200
+
+
+@pytest.mark.slow
+def test_a_rerun_after_a_stop_resumes_every_cell_to_a_straight_runs_losses(tmp_path, straight):
+    """Whichever signal stopped the runner, its cells got the same stop (the test above): one re-run shows
+    that stop resumable, bit for bit."""
+    path, sweep_dir, runner = stop_a_sweep(tmp_path, signal.SIGTERM)
+    runner.communicate(timeout=300)
+    summary = json.loads((sweep_dir / "L002-s1" / "summary.json").read_text())
+    assert summary["status"] == "stopped"
     rerun = sweep_cli(path, "--root", str(tmp_path / "runs"), "--jobs", "2")
     assert rerun.returncode == 0 and "prores sweep: 2 completed" in rerun.stdout, rerun.stdout[-3000:]
     assert f"resuming from step {summary['steps']}" in (sweep_dir / "logs" / "L002-s1.log").read_text()
