@@ -13,9 +13,9 @@ On CPU the script re-executes itself with MALLOC_MMAP_MAX_=0, so fresh
 allocations of 32 MB and more do not page-fault through mmap.
 
 ``--gain`` asks where a residual method's per-channel gain (LayerScale's λ: h = x + alpha·λ⊙f) belongs:
-inside the fused op (one graph, under compile) or applied before it, as its own multiply (what the Triton
-kernel gets). It runs the compile backend (on CUDA, Inductor writes Triton kernels: inside is what an
-in-kernel gain would cost) and prints both times and before/inside (> 1: inside is faster).
+inside the fused op (one graph under compile; in the kernel, forward and backward, under Triton) or
+applied before it, as its own multiply. It runs the compile backend, and on CUDA the Triton one too, and
+prints both times and before/inside (> 1: inside is faster).
 
 Usage: python benchmarks/fused_norm.py [--quick] [--norm rmsnorm|layernorm] [--gain]
 """
@@ -121,14 +121,16 @@ def gain_placement(tokens, hidden, device, rms, reps, note) -> None:
     print(f"device {device.type} ({note}), per-channel gain: inside the fused op vs before it, median of {reps}")
     print(f"{'M x N':>12} {'dtype':>5} {'backend':>8} | {'fwd in':>8} {'before':>8} {'x':>5} |"
           f" {'f+b in':>8} {'before':>8} {'x':>5}")
+    backends = ["compile"] + (["triton"] if device.type == "cuda" else [])
     for dtype in (torch.float32, torch.bfloat16):
         for m in tokens:
             for n in hidden:
-                k = fused.ops("compile").k
-                i_fwd, i_fb = case(k, m, n, dtype, device, rms, reps, gain="inside")
-                b_fwd, b_fb = case(k, m, n, dtype, device, rms, reps, gain="before")
-                print(f"{m:>6}x{n:<5} {str(dtype)[6:]:>5} {'compile':>8} | {i_fwd * 1e3:8.2f} {b_fwd * 1e3:8.2f}"
-                      f" {b_fwd / i_fwd:5.2f} | {i_fb * 1e3:8.2f} {b_fb * 1e3:8.2f} {b_fb / i_fb:5.2f}")
+                for name in backends:
+                    k = fused.ops(name).k
+                    i_fwd, i_fb = case(k, m, n, dtype, device, rms, reps, gain="inside")
+                    b_fwd, b_fb = case(k, m, n, dtype, device, rms, reps, gain="before")
+                    print(f"{m:>6}x{n:<5} {str(dtype)[6:]:>5} {name:>8} | {i_fwd * 1e3:8.2f} {b_fwd * 1e3:8.2f}"
+                          f" {b_fwd / i_fwd:5.2f} | {i_fb * 1e3:8.2f} {b_fb * 1e3:8.2f} {b_fb / i_fb:5.2f}")
 
 
 if __name__ == "__main__":

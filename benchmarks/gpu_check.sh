@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything a lent GPU is for, in one run (about 5 minutes on an H100/H200):
 #   1. the fused kernels, compiled by Triton for the GPU, against the float64 reference;
-#   2. the bandwidth table: eager vs triton vs compile, next to device copy GB/s;
+#   2. the bandwidth table: eager vs triton vs compile, next to device copy GB/s; a per-channel gain
+#      (LayerScale) inside the Triton kernel vs applied before it;
 #   3. a few training steps on CUDA with NCCL and the triton backend;
 #   4. the same with model.recompute=block;
 #   5. the memory planner against torch.cuda.max_memory_allocated, bf16, recompute off and on.
@@ -19,6 +20,7 @@ TRITON_INTERPRET=0 python -m pytest -q tests/test_fused.py 2>&1 | tee "$out/corr
 echo "== 2. bandwidth"
 python benchmarks/fused_norm.py --norm rmsnorm 2>&1 | tee "$out/fused_norm_rmsnorm.txt"
 python benchmarks/fused_norm.py --norm layernorm --quick 2>&1 | tee "$out/fused_norm_layernorm.txt"
+python benchmarks/fused_norm.py --gain --quick 2>&1 | tee "$out/fused_norm_gain.txt"
 
 echo "== 3. training steps, CUDA + NCCL, triton kernels, bf16"
 torchrun --standalone --nproc_per_node 1 -m prores train configs/depth/24.yaml \

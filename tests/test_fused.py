@@ -57,17 +57,20 @@ def assert_normwise(name, got, ref, tau):
     assert err <= tau * scale, f"{name}: max err {err:.3e} > {tau:g}·{scale:.3e}"
 
 
-def run_add_norm(backend, x, f, alpha, w, b, eps, rms, dy, dh):
-    leaves = [t.clone().requires_grad_() for t in (x, f, w, b)]
+def run_add_norm(backend, x, f, alpha, w, b, eps, rms, dy, dh, gain=None):
+    """h, y and the gradients of x, f, w, b (and the gain, if given) from a backend's add_norm."""
+    leaves = [t.clone().requires_grad_() for t in (x, f, w, b) + (() if gain is None else (gain,))]
     a = torch.tensor(alpha, dtype=torch.float32, device=DEVICE)
-    h, y = fused.ops(backend).k.add_norm(leaves[0], leaves[1], a, leaves[2], leaves[3], eps, rms)
+    h, y = fused.ops(backend).k.add_norm(*leaves[:2], a, *leaves[2:4], eps, rms,
+                                         gain=None if gain is None else leaves[4])
     torch.autograd.backward([h, y], [dh, dy])
     return h, y, [t.grad for t in leaves]
 
 
-def reference(x, f, alpha, w, b, eps, rms, dy, dh):
-    leaves = [t.double().requires_grad_() for t in (x, f, w, b)]
-    h = leaves[0] + alpha * leaves[1]
+def reference(x, f, alpha, w, b, eps, rms, dy, dh, gain=None):
+    """The same in float64, from the definition h = x + alpha·λ⊙f."""
+    leaves = [t.double().requires_grad_() for t in (x, f, w, b) + (() if gain is None else (gain,))]
+    h = leaves[0] + alpha * (leaves[1] if gain is None else leaves[4] * leaves[1])
     y = ref_norm(h, leaves[2], leaves[3], eps, rms)
     torch.autograd.backward([h, y], [dh.double(), dy.double()])
     return h.detach(), y.detach(), [t.grad for t in leaves]
@@ -93,6 +96,30 @@ def test_add_norm_forward_backward(backend, rms, dtype, alpha):
 
 
 U32 = 2.0**-24  # unit roundoff of fp32
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape", [(1000,), ()], ids=["per-channel", "scalar"])
+def test_a_residual_gain_inside_the_add(backend, dtype, shape):
+    """A residual method's branch gain (LayerScale's per-channel λ, a scalar one): h = x + alpha·λ⊙f,
+    y, and every gradient, dλ included, against float64, on each backend (Triton applies λ in-kernel)."""
+    x, f, w, b, dy, dh = inputs(100, 1000, dtype)
+    gain = (0.5 + 0.1 * torch.randn(shape, generator=torch.Generator().manual_seed(1))).to(dtype).to(DEVICE)
+    h, y, grads = run_add_norm(backend, x, f, 0.3, w, b, 1e-5, False, dy, dh, gain=gain)
+    rh, ry, rgrads = reference(x, f, 0.3, w, b, 1e-5, False, dy, dh, gain=gain)
+    for name, got, ref in zip(("h", "y", "dx", "df", "dw", "db"), [h, y, *grads], [rh, ry, *rgrads]):
+        assert_normwise(name, got, ref, TAU[dtype])
+    # dλ sums alpha·f⊙dL/dh over every element λ scales (1e5 of them for a scalar), with cancellation: its
+    # error is bounded by the terms' absolute sum, not by |dλ|. Every backend sums by trees (torch's
+    # cascade sum, Triton's tl.sum): <= ceil(log2 n)·u·Σ|terms| = 17u for n = 1e5, inside TAU's 1e-5 (fp32);
+    # in bf16 each term carries ~3 roundings of 2^-9 before an fp32 sum, inside TAU's 1.6e-2.
+    terms = (0.3 * f.double() * rgrads[0]).abs()
+    bound = TAU[dtype] * (terms.sum(0) if shape else terms.sum())
+    assert grads[4].shape == gain.shape
+    assert ((grads[4].double() - rgrads[4]).abs() <= bound).all(), "dgain off by more than the summation bound"
+    if dtype == torch.float32:  # there the bound is a few % of dλ at most: a gradient missing alpha or λ fails
+        assert (bound / rgrads[4].abs().clamp_min(1e-30)).median().item() < 0.05
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -1,14 +1,16 @@
 """Fused residual-add + LayerNorm/RMSNorm in Triton, forward and backward.
 
-One kernel pair serves every layout: ``h = x + alpha·f`` (alpha a 0-dim fp32
-tensor read on device, so a new alpha never recompiles), ``y = Norm(h)·w + b``.
+One kernel pair serves every layout: ``h = x + alpha·λ⊙f`` (alpha a 0-dim fp32
+tensor read on device, so a new alpha never recompiles; λ a residual method's
+optional per-channel gain, LayerScale's), ``y = Norm(h)·w + b``.
 Each program owns a ``[BLOCK_M, BLOCK_N]`` tile (BLOCK_N ≥ hidden), so small
 hidden sizes still give every program a useful amount of work.
 
-Forward reads x, f once and writes h, y plus per-row mean/rstd. Backward
-recomputes x̂ from the saved h, reads dy (and dh), writes dx and df = alpha·dx,
-and per-program partial sums of dγ/dβ; the final sum over programs is a plain
-``torch.sum`` over a fixed layout, hence deterministic. f is never saved.
+Forward reads x, f (and λ) once and writes h, y plus per-row mean/rstd. Backward
+recomputes x̂ from the saved h, reads dy (and dh), writes dx and df = alpha·λ⊙dx,
+and per-program partial sums of dγ/dβ (and dλ = Σ alpha·f⊙dx); the final sum over
+programs is a plain ``torch.sum`` over a fixed layout, hence deterministic. f is
+saved only with a gain, whose gradient needs it (as a separate multiply's would).
 
 Every load is upcast to fp32 at once and all arithmetic is fp32 (the Triton
 interpreter computes wrongly on bf16 values; tests run these kernels on CPU
@@ -41,13 +43,15 @@ def _tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _fwd(X, F, ALPHA, W, B, H, Y, MEAN, RSTD, M, N, eps,
-         HAS_F: tl.constexpr, HAS_ALPHA: tl.constexpr, HAS_BIAS: tl.constexpr, RMS: tl.constexpr,
-         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _fwd(X, F, ALPHA, G, W, B, H, Y, MEAN, RSTD, M, N, eps,
+         HAS_F: tl.constexpr, HAS_ALPHA: tl.constexpr, HAS_GAIN: tl.constexpr, HAS_BIAS: tl.constexpr,
+         RMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     rows, cols, row_ok, col_ok, mask, offs = _tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N)
     x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_F:
         f = tl.load(F + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_GAIN:
+            f = f * tl.load(G + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         if HAS_ALPHA:
             x = x + tl.load(ALPHA).to(tl.float32) * f
         else:
@@ -70,9 +74,9 @@ def _fwd(X, F, ALPHA, W, B, H, Y, MEAN, RSTD, M, N, eps,
 
 
 @triton.jit
-def _bwd(H, DY, DH, ALPHA, W, MEAN, RSTD, DX, DF, DW_PART, DB_PART, M, N,
-         HAS_DH: tl.constexpr, HAS_F: tl.constexpr, HAS_ALPHA: tl.constexpr, HAS_BIAS: tl.constexpr,
-         RMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _bwd(H, DY, DH, ALPHA, F, G, W, MEAN, RSTD, DX, DF, DW_PART, DB_PART, DG_PART, M, N,
+         HAS_DH: tl.constexpr, HAS_F: tl.constexpr, HAS_ALPHA: tl.constexpr, HAS_GAIN: tl.constexpr,
+         HAS_BIAS: tl.constexpr, RMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid = tl.program_id(0)
     rows, cols, row_ok, col_ok, mask, offs = _tile(pid, M, N, BLOCK_M, BLOCK_N)
     h = tl.load(H + offs, mask=mask, other=0.0).to(tl.float32)
@@ -100,6 +104,10 @@ def _bwd(H, DY, DH, ALPHA, W, MEAN, RSTD, DX, DF, DW_PART, DB_PART, M, N,
             df = tl.load(ALPHA).to(tl.float32) * dx
         else:
             df = dx
+        if HAS_GAIN:  # here df is alpha·dx: dλ sums it times f, and df takes λ on
+            f = tl.load(F + offs, mask=mask, other=0.0).to(tl.float32)
+            tl.store(DG_PART + pid * N + cols, tl.sum(df * f, axis=0), mask=col_ok)
+            df = df * tl.load(G + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         tl.store(DF + offs, df.to(DF.dtype.element_ty), mask=mask)
     tl.store(DW_PART + pid * N + cols, tl.sum(dy * xhat, axis=0), mask=col_ok)
     if HAS_BIAS:
@@ -113,7 +121,7 @@ def _tiles(n: int) -> tuple[int, int, int]:
     return block_m, block_n, 8 if block_m * block_n >= 4096 else 4
 
 
-def _forward(x2, f2, alpha, weight, bias, eps, rms):
+def _forward(x2, f2, alpha, gain, weight, bias, eps, rms):
     m, n = x2.shape
     block_m, block_n, warps = _tiles(n)
     h = torch.empty_like(x2) if f2 is not None else x2
@@ -121,29 +129,34 @@ def _forward(x2, f2, alpha, weight, bias, eps, rms):
     rstd = torch.empty(m, dtype=torch.float32, device=x2.device)
     mean = rstd if rms else torch.empty(m, dtype=torch.float32, device=x2.device)
     _fwd[(triton.cdiv(m, block_m),)](
-        x2, x2 if f2 is None else f2, x2 if alpha is None else alpha, weight, weight if bias is None else bias,
-        h, y, mean, rstd, m, n, eps,
-        HAS_F=f2 is not None, HAS_ALPHA=alpha is not None, HAS_BIAS=bias is not None, RMS=rms,
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
+        x2, x2 if f2 is None else f2, x2 if alpha is None else alpha, weight if gain is None else gain,
+        weight, weight if bias is None else bias, h, y, mean, rstd, m, n, eps,
+        HAS_F=f2 is not None, HAS_ALPHA=alpha is not None, HAS_GAIN=gain is not None, HAS_BIAS=bias is not None,
+        RMS=rms, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
     return h, y, mean, rstd
 
 
-def _backward(h, dy, dh, alpha, weight, bias, mean, rstd, rms, has_f):
+def _backward(h, dy, dh, alpha, f, gain, weight, bias, mean, rstd, rms, has_f):
     m, n = h.shape
     block_m, block_n, warps = _tiles(n)
     programs = triton.cdiv(m, block_m)
     dx = torch.empty_like(h)
     df = torch.empty_like(h) if has_f else dx
-    dw_part = torch.empty(programs, n, dtype=torch.float32, device=h.device)
-    db_part = torch.empty(programs, n, dtype=torch.float32, device=h.device) if bias is not None else dw_part
+
+    def parts(needed: bool) -> Optional[Tensor]:  # per-program partial sums over rows, of dγ, dβ, dλ
+        return torch.empty(programs, n, dtype=torch.float32, device=h.device) if needed else None
+
+    dw_part, db_part, dg_part = parts(True), parts(bias is not None), parts(gain is not None)
     _bwd[(programs,)](
-        h, dy, dy if dh is None else dh, h if alpha is None else alpha, weight, mean, rstd, dx, df,
-        dw_part, db_part, m, n,
-        HAS_DH=dh is not None, HAS_F=has_f, HAS_ALPHA=alpha is not None, HAS_BIAS=bias is not None, RMS=rms,
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
+        h, dy, dy if dh is None else dh, h if alpha is None else alpha, h if f is None else f,
+        weight if gain is None else gain, weight, mean, rstd, dx, df,
+        dw_part, dw_part if db_part is None else db_part, dw_part if dg_part is None else dg_part, m, n,
+        HAS_DH=dh is not None, HAS_F=has_f, HAS_ALPHA=alpha is not None, HAS_GAIN=gain is not None,
+        HAS_BIAS=bias is not None, RMS=rms, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
     dw = dw_part.sum(0).to(weight.dtype)
     db = db_part.sum(0).to(bias.dtype) if bias is not None else None
-    return dx, df, dw, db
+    dg = dg_part.sum(0).to(gain.dtype) if gain is not None else None
+    return dx, df, dw, db, dg
 
 
 def _rows(t: Optional[Tensor], n: int) -> Optional[Tensor]:
@@ -152,19 +165,23 @@ def _rows(t: Optional[Tensor], n: int) -> Optional[Tensor]:
 
 class _AddNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, f, alpha, weight, bias, eps, rms):
+    def forward(ctx, x, f, alpha, weight, bias, eps, rms, gain):
         n = x.shape[-1]
-        h, y, mean, rstd = _forward(_rows(x, n), _rows(f, n), alpha, weight, bias, eps, rms)
-        ctx.save_for_backward(h, alpha, weight, bias, mean, rstd)
-        ctx.rms, ctx.shape = rms, x.shape
+        f2, g = _rows(f, n), None if gain is None else gain.expand(n).contiguous()  # a scalar gain: per channel
+        h, y, mean, rstd = _forward(_rows(x, n), f2, alpha, g, weight, bias, eps, rms)
+        ctx.save_for_backward(h, alpha, None if gain is None else f2, g, weight, bias, mean, rstd)
+        ctx.rms, ctx.shape, ctx.gain_shape = rms, x.shape, None if gain is None else gain.shape
         return h.view(x.shape), y.view(x.shape)
 
     @staticmethod
     def backward(ctx, dh, dy):
-        h, alpha, weight, bias, mean, rstd = ctx.saved_tensors
+        h, alpha, f2, g, weight, bias, mean, rstd = ctx.saved_tensors
         n = h.shape[-1]
-        dx, df, dw, db = _backward(h, _rows(dy, n), _rows(dh, n), alpha, weight, bias, mean, rstd, ctx.rms, True)
-        return dx.view(ctx.shape), df.view(ctx.shape), None, dw, db, None, None
+        dx, df, dw, db, dg = _backward(h, _rows(dy, n), _rows(dh, n), alpha, f2, g, weight, bias, mean, rstd,
+                                       ctx.rms, True)
+        if dg is not None:
+            dg = dg.sum_to_size(ctx.gain_shape)
+        return dx.view(ctx.shape), df.view(ctx.shape), None, dw, db, None, None, dg
 
 
 class _Norm(torch.autograd.Function):
@@ -172,7 +189,7 @@ class _Norm(torch.autograd.Function):
     def forward(ctx, x, weight, bias, eps, rms):
         n = x.shape[-1]
         x2 = _rows(x, n)
-        _, y, mean, rstd = _forward(x2, None, None, weight, bias, eps, rms)
+        _, y, mean, rstd = _forward(x2, None, None, None, weight, bias, eps, rms)
         ctx.save_for_backward(x2, weight, bias, mean, rstd)
         ctx.rms, ctx.shape = rms, x.shape
         return y.view(x.shape)
@@ -180,8 +197,8 @@ class _Norm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x2, weight, bias, mean, rstd = ctx.saved_tensors
-        dx, _, dw, db = _backward(x2, _rows(dy, x2.shape[-1]), None, None, weight, bias, mean, rstd, ctx.rms,
-                                  False)
+        dx, _, dw, db, _ = _backward(x2, _rows(dy, x2.shape[-1]), None, None, None, None, weight, bias, mean,
+                                     rstd, ctx.rms, False)
         return dx.view(ctx.shape), dw, db, None, None
 
 
@@ -195,5 +212,4 @@ add = reference.add
 
 def add_norm(x: Tensor, f: Tensor, alpha: Optional[Tensor], weight: Tensor, bias: Optional[Tensor], eps: float,
              rms: bool, gain: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
-    # A method's branch gain multiplies the branch before the kernel (benchmarks/fused_norm.py measures it)
-    return _AddNorm.apply(x, f if gain is None else gain * f, alpha, weight, bias, eps, rms)
+    return _AddNorm.apply(x, f, alpha, weight, bias, eps, rms, gain)
