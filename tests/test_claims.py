@@ -122,6 +122,30 @@ def test_lns_deepnorm_and_post_ln(study):
                                for d in DEPTHS}
 
 
+def test_the_report_pairs_each_method_with_and_without_prores(study):
+    """report.md's "ProRes on − off": Pre-LN and Post-LN each against their ProRes run, paired by seed, and no
+    other pair (LNS and DeepNorm have no ProRes twin); numbers at the table's 4 decimals."""
+    _, runs, report = study
+    section = report.split("## ProRes on − off", 1)[1].split("\n## ", 1)[0]
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines()
+             if line.startswith("| ") and not line.startswith(("| method", "| ---"))]
+    rows = {(r[0], int(r[1])): r for r in cells}
+    assert set(rows) == {(m, d) for m in ("Pre-LN", "Post-LN") for d in DEPTHS}
+    for (method, depth), row in rows.items():
+        off, on = seeds(runs, method, depth), seeds(runs, f"{method} + ProRes", depth)
+        diffs = [on[s] - off[s] for s in off]
+        mean, spread = statistics.fmean(diffs), statistics.stdev(diffs) if len(diffs) > 1 else None
+        assert float(row[2]) == pytest.approx(statistics.fmean(off.values()), abs=5e-5 + LOSS)
+        assert float(row[3]) == pytest.approx(statistics.fmean(on.values()), abs=5e-5 + LOSS)
+        assert float(row[4].split(" ± ")[0]) == pytest.approx(mean, abs=5e-5 + LOSS)
+        assert row[5] == str(len(diffs))
+        if spread is not None:
+            assert float(row[4].split(" ± ")[1]) == pytest.approx(spread, abs=5e-5 + LOSS)
+        want = ("helps" if -mean > 2 * (spread or 0) else "hurts" if mean > 2 * (spread or 0)
+                else "within the seed spread")
+        assert row[6] == want
+
+
 def spike_steps(values: list[float], sigma: float, window: int) -> list[int]:
     """The rule restated: value more than sigma standard deviations above the previous window's mean, once
     min(10, window) previous values exist."""

@@ -82,6 +82,8 @@ def test_the_packaged_cpu_studies_validate_every_cell(tmp_path):
     assert len(zoo) == 2 * 9 * 2 * 2  # depths × methods × ProRes off/on × seeds
     cell = next(c for c in zoo if c.name == "L048-CompleteP-on-s2")
     assert {"model.depth_mup_alpha=1", "prores.schedule=linear", "train.steps=150"} <= set(cell.overrides)
+    _, dyt = expand("cpu-zoo-dyt.yaml", root=str(tmp_path))
+    assert [c.name for c in dyt] == ["a0_1_lr_1.5e_3-s1", "a0_2_lr_1.5e_3-s1", "a0_0.5_lr_5e_4-s1", "a0_0.5_lr_4e_3-s1"]
 
 
 def test_one_sbatch_array_per_resource_group(tmp_path):

@@ -5,7 +5,8 @@ Reads every run's ``summary.json``, ``config.yaml`` and event files and writes
 (a row per run) and PNG plots linked from the report: final validation ppl
 against depth, validation loss curves per depth, the final per-layer
 activation RMS against layer index per depth (the paper's Fig. 3 view) and the
-alpha schedule used (layer × step). A run that diverged, failed or has not
+alpha schedule used (layer × step); where runs differ only in ProRes, what it did
+to each method (prores_effect.py). A run that diverged, failed or has not
 finished shows its state, never a number; a sweep still in progress reports
 what exists so far and says so. For plain run directories the "grid" is the
 config keys whose values differ between them.
@@ -26,6 +27,7 @@ from matplotlib.ticker import MaxNLocator
 from prores.monitor.heatmaps import heatmap, png, series_matrix
 from prores.run.checkpoint import Checkpoints
 from prores.study.claims import Study, claims_json, claims_markdown, role
+from prores.study.prores_effect import effect_table
 from prores.study.runs import DEPTH, Run, collect, groups, mean_spread, ppl, state_text
 
 LEGEND = 9  # points
@@ -236,6 +238,11 @@ def report(targets: list[Path], out_dir: Optional[Path] = None) -> Path:
     lines += ["", "The last block's activation RMS over the first's, and the per-block growth factor"
               " (last / first)^(1/(L - 1)), from each block's last logged `layers/act_rms`; mean ± standard"
               " deviation over the completed seeds.", ""]
+    effect = effect_table(runs)
+    if effect:
+        lines += ["## ProRes on − off", "", "Runs that differ only in ProRes (`prores.*`), paired by seed: the final"
+                  " validation loss with ProRes minus without, mean ± standard deviation over the seeds; ProRes"
+                  " helps or hurts when that is beyond twice its spread.", ""] + markdown_table(effect) + [""]
     study = Study(runs, lambda r: _label(r.grid))
     if any(c.role == "prores" for c in study.cells.values()) and len(study.depths) > 1:
         analyze_kept_checkpoints(runs)
