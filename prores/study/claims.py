@@ -37,10 +37,15 @@ EARLY = 0.1  # "early in training": the logged step nearest 10% of it
 GROWS = 0.6  # "the lead grows with depth": Spearman correlation of the lead with depth at least this
 
 
+def prores_on(config: dict) -> bool:
+    """A run's flat config has a ProRes schedule."""
+    return config.get("prores.schedule") not in (None, "none")
+
+
 def role(config: dict) -> Optional[str]:
     """``prores``, ``pre``, ``lns``, ``deepnorm``, ``post``, ``post+prores``, or None (another method)."""
-    layout, init, schedule = (config.get(k) for k in ("model.norm_layout", "model.init", "prores.schedule"))
-    on = schedule not in (None, "none")
+    layout, init = config.get("model.norm_layout"), config.get("model.init")
+    on = prores_on(config)
     if config.get("model.norm") == "dyt" or config.get("model.depth_mup_alpha"):  # another method on top
         return None
     if layout == "pre" and init == "normal":

@@ -14,14 +14,10 @@ from typing import Optional
 
 import yaml
 
-from prores.study.claims import beyond
+from prores.study.claims import beyond, prores_on
 from prores.study.runs import DEPTH, SEED, Run
 
 HELPS, HURTS, WITHIN = "helps", "hurts", "within the seed spread"
-
-
-def _on(run: Run) -> bool:
-    return run.config.get("prores.schedule") not in (None, "none")
 
 
 def _rest(run: Run) -> str:
@@ -37,10 +33,10 @@ def _method(off: Run, on: Run) -> str:
 
 def pairs(runs: list[Run]) -> dict[tuple[str, int], list[tuple[Run, Run]]]:
     """(method, depth) -> the (off, on) pairs of completed runs, by seed."""
-    ons = {(_rest(r), r.seed): r for r in runs if r.completed and _on(r)}
+    ons = {(_rest(r), r.seed): r for r in runs if r.completed and prores_on(r.config)}
     out: dict[tuple[str, int], list[tuple[Run, Run]]] = {}
     for off in runs:
-        on = ons.get((_rest(off), off.seed)) if off.completed and not _on(off) else None
+        on = ons.get((_rest(off), off.seed)) if off.completed and not prores_on(off.config) else None
         if on is not None:
             out.setdefault((_method(off, on), off.depth), []).append((off, on))
     return out

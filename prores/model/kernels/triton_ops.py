@@ -155,7 +155,7 @@ def _backward(h, dy, dh, alpha, f, gain, weight, bias, mean, rstd, rms, has_f):
         HAS_BIAS=bias is not None, RMS=rms, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
     dw = dw_part.sum(0).to(weight.dtype)
     db = db_part.sum(0).to(bias.dtype) if bias is not None else None
-    dg = dg_part.sum(0).to(gain.dtype) if gain is not None else None
+    dg = dg_part.sum(0) if gain is not None else None  # fp32: the caller sums it to the gain's shape, then casts
     return dx, df, dw, db, dg
 
 
@@ -180,7 +180,7 @@ class _AddNorm(torch.autograd.Function):
         dx, df, dw, db, dg = _backward(h, _rows(dy, n), _rows(dh, n), alpha, f2, g, weight, bias, mean, rstd,
                                        ctx.rms, True)
         if dg is not None:
-            dg = dg.sum_to_size(ctx.gain_shape)
+            dg = dg.sum_to_size(ctx.gain_shape).to(g.dtype)
         return dx.view(ctx.shape), df.view(ctx.shape), None, dw, db, None, None, dg
 
 
