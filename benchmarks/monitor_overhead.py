@@ -61,10 +61,18 @@ def main() -> None:
             trainer.callbacks = every
             diagnostics.on_start(trainer)
     on, off = (statistics.median(times[m]) for m in ("on", "off"))
+    heatmaps = next(c for c in every if isinstance(c, callback_class("heatmaps")))
+    refresh = []
+    for _ in range(3):  # what one evaluation's heatmap redraw costs, with the run's own series
+        start = time.perf_counter()
+        heatmaps.post_eval(trainer, trainer.step, {})
+        refresh.append(time.perf_counter() - start)
     print(f"layers={cfg.model.num_layers} tokens/step={trainer.tokens_per_step} stats_interval={INTERVAL},"
           f" an evaluation and a heatmap refresh every {INTERVAL} steps")
     print(f"median time of {INTERVAL} steps: every monitor on {on * 1e3:.0f} ms, all off {off * 1e3:.0f} ms,"
           f" ratio on/off {on / off:.3f}")
+    print(f"one evaluation's heatmap refresh ({sum(bool(v) for v in heatmaps.series.values())} pictures):"
+          f" {statistics.median(refresh) * 1e3:.0f} ms")
 
 
 if __name__ == "__main__":
