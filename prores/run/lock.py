@@ -122,6 +122,21 @@ def live_holder(run_dir: Path) -> Optional[Holder]:
     return holder if age is not None and age < LEASE_S else None
 
 
+def in_use(path: Path, holder: Holder) -> RunDirectoryInUse:
+    return RunDirectoryInUse(
+        f"run directory {path.parent} is in use by another trainer: {holder.describe()} ({path}). Wait for it"
+        f" to finish, stop it (kill -TERM {holder.pid} on its host), or give this run another --run-dir.")
+
+
+def refuse_a_live_holder_here(run_dir: Path) -> None:
+    """Refuse at once if a trainer alive on this host holds ``run_dir``, before a second `prores train` spends
+    seconds loading torch. An early answer only: :class:`RunLock` decides (a holder on another host, a race)."""
+    path = Path(run_dir) / LOCK
+    holder = read_holder(path)
+    if holder is not None and holder.on_this_host() and not holder.gone_from_this_host():
+        raise in_use(path, holder)
+
+
 class RunLock:
     """``with RunLock(run_dir, say):`` or :meth:`acquire` / :meth:`release`."""
 
@@ -143,10 +158,7 @@ class RunLock:
                 time.sleep(0.2)
                 continue
             if not self._stale(holder):
-                raise RunDirectoryInUse(
-                    f"run directory {self.path.parent} is in use by another trainer: {holder.describe()}"
-                    f" ({self.path}). Wait for it to finish, stop it (kill -TERM {holder.pid} on its host),"
-                    " or give this run another --run-dir.")
+                raise in_use(self.path, holder)
             self._take_over(holder, f"a trainer that is gone ({holder.describe()})")
         self._beat = threading.Thread(target=self._heartbeat, name="prores-run-lock", daemon=True)
         self._beat.start()
