@@ -12,7 +12,8 @@ import pytest
 
 from conftest import child_env, cli_command, train_args
 from prores.monitor.tensorboard import read_scalars
-from prores.run.lock import LEASE_S, LOCK, Holder, RunDirectoryInUse, RunLock, live_holder, process_start, this_host
+from prores.run.lock import (LEASE_S, LOCK, Holder, RunDirectoryInUse, RunLock, live_holder, process_start,
+                             refuse_a_live_holder_here, this_host)
 
 
 def test_the_lock_names_its_holder_and_goes_with_release(tmp_path):
@@ -33,9 +34,13 @@ def test_a_live_holder_refuses_a_second_one_by_name(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "held\n"
-        with pytest.raises(RunDirectoryInUse, match=rf"in use by another trainer: pid {holder.pid} on host"
-                                                    r" \S+ since \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"):
-            RunLock(tmp_path).acquire()
+        said = []
+        for refuse in (RunLock(tmp_path).acquire, lambda: refuse_a_live_holder_here(tmp_path)):  # the early answer too
+            with pytest.raises(RunDirectoryInUse, match=rf"in use by another trainer: pid {holder.pid} on host"
+                                                        r" \S+ since \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ") as exc:
+                refuse()
+            said.append(str(exc.value))
+        assert said[0] == said[1]
         assert json.loads((tmp_path / LOCK).read_text())["pid"] == holder.pid  # untouched
     finally:
         holder.kill()
@@ -51,6 +56,7 @@ def write_lock(run_dir, **fields):
 def test_a_dead_holder_on_this_host_is_taken_over(tmp_path):
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     write_lock(tmp_path, pid=int(gone.stdout), start="1")
+    refuse_a_live_holder_here(tmp_path)  # gone: no early refusal
     said = []
     RunLock(tmp_path, said.append).acquire()
     assert json.loads((tmp_path / LOCK).read_text())["pid"] == os.getpid()
@@ -76,6 +82,7 @@ def test_a_holder_on_another_host_lives_while_its_heartbeat_does(tmp_path):
             os.utime(tmp_path / LOCK)
 
     threading.Thread(target=beat, daemon=True).start()
+    refuse_a_live_holder_here(tmp_path)  # another host's holder is judged by its heartbeat, in RunLock only
     try:
         started = time.monotonic()
         with pytest.raises(RunDirectoryInUse, match="pid 1 on host elsewhere"):
