@@ -79,8 +79,10 @@ def cli_command(*args, launcher=None) -> list[str]:
     """`prores ARGS`: the installed console script, or `-m prores` under a launcher."""
     prefix = launcher or [shutil.which("prores")]
     assert prefix[0], "the `prores` console script is not installed"
-    port = str(free_port())
-    return [a.replace(PORT, port) for a in prefix] + list(args)
+    if any(PORT in a for a in prefix):
+        port = str(free_port())
+        prefix = [a.replace(PORT, port) for a in prefix]
+    return [*prefix, *args]
 
 
 def run_cli(*args, launcher=None, timeout=900, cwd=None, **extra_env) -> subprocess.CompletedProcess:
