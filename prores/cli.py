@@ -63,13 +63,13 @@ def _cmd_train(args) -> int:
         refuse_a_live_holder_here(run_dir)
     _quiet_dependencies(args.verbose)  # torch and DeepSpeed load only once the config is known to be good
     from prores.launcher.train import train
-    from prores.run.callbacks import EXIT_DIVERGED
+    from prores.run.callbacks import EXIT_DIVERGED, EXIT_LOST_LOCK
 
     summary = train(cfg, run_dir, resume=not args.no_resume, overwrite=args.overwrite)
-    if summary is not None and summary.status == "diverged":
+    status = {"diverged": EXIT_DIVERGED, "lost_lock": EXIT_LOST_LOCK}.get(summary.status if summary else None, 0)
+    if status:
         _end_torchrun_agent()
-        return EXIT_DIVERGED
-    return 0
+    return status
 
 
 def _cmd_sweep(args) -> int:

@@ -96,3 +96,22 @@ def world_of_one():
     from prores.parallel import topology
 
     return topology.init(tp=1, pp=1)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """``mount(size, inodes)``: a tmpfs of its own under ``tmp_path``, to fill up for real (ENOSPC); needs root."""
+    mounted = []
+
+    def mount(size: str = "1m", inodes: int = 64):
+        need(os.geteuid() == 0 and shutil.which("mount") is not None, "mounting a tmpfs needs root")
+        where = tmp_path / f"tmpfs{len(mounted)}"
+        where.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},nr_inodes={inodes}", "tmpfs", str(where)],
+                       check=True)
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", "-l", str(where)], check=False)

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from conftest import child_env, cli_command, train_args
+from prores.errors import UsageError
 from prores.monitor.tensorboard import read_scalars
 from prores.run.lock import (LEASE_S, LOCK, Holder, RunDirectoryInUse, RunLock, live_holder, process_start,
                              refuse_a_live_holder_here, this_host)
@@ -168,3 +169,172 @@ def test_a_second_trainer_on_a_run_directory_is_refused_and_changes_nothing(tmp_
     assert alone.returncode == 0, alone.stderr[-3000:]
     losses = [read_scalars(tmp_path / d, lambda t: t == "train/loss")["train/loss"] for d in ("run", "alone")]
     assert len(losses[0]) == 500 and losses[0] == losses[1]
+
+
+# ---------------------------------------------------------------------- the races of issue 26, one by one
+
+
+def wait_until(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_the_heartbeat_survives_a_lock_file_missing_for_a_moment(tmp_path):
+    """NFS: the file is briefly missing; the heartbeat used to stop for good at the first failed utime."""
+    lock = RunLock(tmp_path, lease=4.0, heartbeat=0.1)
+    lock.acquire()
+    try:
+        path, aside = tmp_path / LOCK, tmp_path / "away"
+        os.rename(path, aside)
+        time.sleep(0.5)  # several beats fail
+        os.rename(aside, path)
+        before = path.stat().st_mtime_ns
+        wait_until(lambda: path.stat().st_mtime_ns != before)  # beating again
+        assert lock.lost() is None
+    finally:
+        lock.release()
+    assert not (tmp_path / LOCK).exists()
+
+
+def test_a_holder_that_cannot_renew_stops_while_its_lease_holds_and_leaves_the_file(tmp_path):
+    lock = RunLock(tmp_path, lease=1.0, heartbeat=0.1)
+    lock.acquire()
+    path, aside = tmp_path / LOCK, tmp_path / "away"
+    os.rename(path, aside)
+    assert lock.lost() is None
+    wait_until(lambda: lock.lost() is not None)
+    assert time.monotonic() - lock.renewed < lock.lease  # said at half the lease: time to checkpoint
+    assert "could not be renewed" in lock.lost()
+    time.sleep(lock.lease)  # lapsed: the heartbeat has stopped
+    os.rename(aside, path)
+    mtime = path.stat().st_mtime_ns
+    time.sleep(0.3)
+    assert path.stat().st_mtime_ns == mtime  # a lapsed holder never renews what may be another's lock
+    lock.release()
+    assert path.exists()  # nor removes it
+
+
+def test_a_holder_whose_lock_names_another_has_lost_it(tmp_path):
+    lock = RunLock(tmp_path, lease=4.0, heartbeat=0.1)
+    lock.acquire()
+    write_lock(tmp_path, pid=1, start="1")  # a takeover replaced it
+    wait_until(lambda: lock.taken is not None)
+    assert lock.lost().startswith(f"the run directory's lock {tmp_path / LOCK} was taken over by pid 1")
+    lock.release()
+    assert json.loads((tmp_path / LOCK).read_text())["pid"] == 1
+
+
+def dead_holder_lock(run_dir):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    write_lock(run_dir, pid=int(gone.stdout), start="1")
+
+
+def test_two_takers_of_one_stale_lock_take_it_once(tmp_path):
+    """Both judged the dead holder's lock stale; the first took it over. The second acts on what it judged,
+    which is no longer there: it leaves the first's lock alone and is refused."""
+    from prores.run.lock import identity
+
+    dead_holder_lock(tmp_path)
+    judged = identity(tmp_path / LOCK)
+    first = RunLock(tmp_path, say=lambda m: None)
+    first.acquire()
+    try:
+        second = RunLock(tmp_path)
+        second._take_over(judged, "a trainer that is gone")
+        assert read_pid(tmp_path) == os.getpid() and first.lost() is None
+        with pytest.raises(RunDirectoryInUse):
+            second.acquire()
+    finally:
+        first.release()
+
+
+def read_pid(run_dir):
+    return json.loads((run_dir / LOCK).read_text())["pid"]
+
+
+def test_a_takeover_never_removes_a_lock_it_did_not_judge_stale(tmp_path, monkeypatch):
+    """The interleaving the old code lost a live lock in: between the taker's check and its rename the stale
+    lock is replaced by a live one (Y), and between its rename and its put-back a third creates one (Z). The
+    taker must remove neither: Y stays on disk beside Z, and Y's holder learns at its next beat that it lost."""
+    from prores.run import lock as lock_module
+
+    dead_holder_lock(tmp_path)
+    judged = lock_module.identity(tmp_path / LOCK)
+    y = RunLock(tmp_path, lease=4.0, heartbeat=0.1)
+    real_rename, real_link = os.rename, os.link
+
+    def rename_after_a_swap(src, dst):
+        if str(src) == str(tmp_path / LOCK) and "stale" in str(dst):
+            os.unlink(src)  # the stale lock goes (its holder released) and a live one takes its place
+            y._create()
+            y.renewed = time.monotonic()
+            monkeypatch.setattr(os, "rename", real_rename)
+        return real_rename(src, dst)
+
+    def link_after_a_third(src, dst):
+        write_lock(tmp_path, pid=1, start="1")  # Z
+        return real_link(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename_after_a_swap)  # the pre-check under the mutex saw the judged file
+    monkeypatch.setattr(os, "link", link_after_a_third)
+    RunLock(tmp_path)._take_over(judged, "a trainer that is gone")
+    monkeypatch.undo()
+    survivors = {json.loads(p.read_text())["pid"] for p in tmp_path.glob(f"{LOCK}*") if p.name != f"{LOCK}.takeover"}
+    assert survivors == {os.getpid(), 1}  # Y (moved aside, not removed) and Z
+    assert not (tmp_path / f"{LOCK}.takeover").exists()
+
+
+def test_a_failed_probe_is_never_evidence_of_staleness(small_tmpfs):
+    """A full file system (no inode left for the probe that reads the server's clock): a holder on another
+    host with a fresh heartbeat is alive to the status tools and is not taken over."""
+    run_dir = small_tmpfs(size="64k", inodes=3)  # the root, the lock, and one to spare
+    write_lock(run_dir, host="elsewhere/boot/pid:[1]", pid=1, start="1")
+    (run_dir / "filler").write_text("")
+    assert live_holder(run_dir) is not None
+    with pytest.raises(UsageError, match=r"cannot tell whether the holder of .*lock is alive: cannot write"
+                                         r" .*lock-clock-\d+ to read the file server's clock: No space left on"
+                                         r" device\. Free space \(or quota\)"):
+        RunLock(run_dir, lease=1.0).acquire()
+    assert read_pid(run_dir) == 1
+
+
+def test_stress_exactly_one_holder_at_every_instant(tmp_path):
+    """8 processes (tests/lock_stress_worker.py), hundreds of acquisitions, takeovers of dead and hung holders,
+    a lease of 2 s. The log is
+    append-only and its lines come in one order: every acquisition's lines must be one unbroken run."""
+    log = tmp_path / "log"
+    log.write_text("")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    seeds = iter(range(10_000))
+
+    def spawn():
+        return subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "lock_stress_worker.py"),
+                                 str(run_dir), str(log), str(next(seeds))], env=child_env())
+
+    procs = [spawn() for _ in range(8)]
+    deadline = time.monotonic() + 150
+    try:
+        while time.monotonic() < deadline:
+            tags = [line for line in log.read_text().splitlines() if not line.startswith("#")]
+            if len(set(tags)) >= 300:
+                break
+            for i, p in enumerate(procs):
+                if p.poll() is not None:  # reaped at once, so its pid is gone to the others' check
+                    assert p.returncode == 0
+                    procs[i] = spawn()
+            time.sleep(0.01)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    lines = log.read_text().splitlines()
+    tags = [line for line in lines if not line.startswith("#")]
+    runs = [t for i, t in enumerate(tags) if i == 0 or t != tags[i - 1]]
+    assert len(runs) == len(set(runs)), "two holders at once: an acquisition's lines were interleaved with another's"
+    takeovers = [line for line in lines if line.startswith("# taking over")]
+    assert len(set(runs)) >= 200
+    assert any("gone (pid" in t and "host stress-" in t for t in takeovers)  # by the lease
+    assert any("gone (pid" in t and "host stress-" not in t for t in takeovers)  # by the pid

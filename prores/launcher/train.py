@@ -48,8 +48,9 @@ class Trainer:
     """
 
     def __init__(self, cfg: Config, run_dir: Path, resume: bool = True, overwrite: bool = False,
-                 callbacks: Optional[Sequence[Callback]] = None):
+                 callbacks: Optional[Sequence[Callback]] = None, lock: Optional[RunLock] = None):
         self.cfg, self.run_dir, self.stop_status, self.last_eval = cfg, Path(run_dir), None, {}
+        self.lock = lock  # the run directory's, held by rank 0 (the run_lock callback watches it)
         self.topo = start_processes(cfg)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         c = cfg.checkpoint
@@ -234,12 +235,13 @@ def train(cfg: Config, run_dir: Path, resume: bool = True, overwrite: bool = Fal
         clean_up_failed_start(run_dir, created, int(os.environ.get("WORLD_SIZE", "1")))
         raise
     try:
-        return _train(cfg, run_dir, plan, resume, overwrite)
+        return _train(cfg, run_dir, plan, resume, overwrite, lock)
     finally:
         lock.release()
 
 
-def _train(cfg: Config, run_dir: Path, plan: Plan, resume: bool, overwrite: bool) -> Optional[Summary]:
+def _train(cfg: Config, run_dir: Path, plan: Plan, resume: bool, overwrite: bool,
+           lock: RunLock) -> Optional[Summary]:
     if plan.finished:
         if plan.rank == 0:
             print(f"run directory {run_dir} is finished (step {plan.newest.step}, train.steps={cfg.train.steps});"
@@ -249,11 +251,11 @@ def _train(cfg: Config, run_dir: Path, plan: Plan, resume: bool, overwrite: bool
         for warning in warnings_of(cfg):
             print(f"prores: warning: {warning}", flush=True)
         print(f"run directory {run_dir}", flush=True)
-    trainer = Trainer(cfg, run_dir, resume=resume, overwrite=overwrite)
+    trainer = Trainer(cfg, run_dir, resume=resume, overwrite=overwrite, lock=lock)
     if trainer.topo.rank == 0:
         dump_config(cfg, run_dir / "config.yaml")
     summary = trainer.fit()
-    if trainer.topo.is_loss_writer:
+    if trainer.topo.is_loss_writer and summary.status != "lost_lock":  # the directory may be another's now
         summary.config_sha256 = hashlib.sha256(config_text(cfg).encode()).hexdigest()
         summary.write(run_dir)
         if summary.status == "completed":

@@ -24,6 +24,8 @@ CALLBACKS = {
     "nonfinite": ("prores.run.callbacks:StopWhenNonFinite", "train.on_nonfinite: stop or skip a non-finite step"),
     "checkpoint": ("prores.run.callbacks:SaveCheckpoints", "a checkpoint every checkpoint.interval steps and at"
                                                            " the end"),
+    "run_lock": ("prores.run.callbacks:KeepRunLock", "stop after the same step on every rank once the run directory's"
+                                                     " lock is lost (exit 75)"),
     "signals": ("prores.run.callbacks:StopOnSignal", "SIGUSR1/SIGTERM: every rank saves after the same step and"
                                                      " exits (Slurm: requeue)"),
 }

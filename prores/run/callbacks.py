@@ -21,9 +21,10 @@ import math
 from typing import Optional
 
 from prores.run.progress import Progress
-from prores.run.signals import StopSignals, requeue
+from prores.run.signals import StopSignals, highest_on_any_rank, requeue
 
 EXIT_DIVERGED = 3  # `prores train` exit status of a diverged run
+EXIT_LOST_LOCK = 75  # ... of a run that lost its run directory's lock (EX_TEMPFAIL: start it again to resume)
 
 
 class Callback:
@@ -154,6 +155,35 @@ class SaveCheckpoints(Callback):
             trainer.save()
 
 
+def save_unless_saved(trainer, step: int):
+    """The checkpoint of ``step`` completed updates: the one saved at it already, or a new one."""
+    newest = trainer.checkpoints.newest_manifest()
+    return newest.path if newest is not None and newest.step == step else trainer.save()
+
+
+class KeepRunLock(Callback):
+    """Rank 0 holds ``RUN/lock`` (:mod:`prores.run.lock`); every rank stops after the same step once it is lost.
+    Not renewed for half its lease: the run saves a checkpoint while the lease still holds, and stops. Taken
+    over by another trainer: it stops at once, writing nothing more into a directory that is no longer its own.
+    Either way ``prores train`` exits with :data:`EXIT_LOST_LOCK`."""
+
+    UNRENEWED, TAKEN = 1, 2
+
+    def post_step(self, trainer, step: int, metrics: dict) -> None:
+        if trainer.stop_status is not None:
+            return
+        lock, code = getattr(trainer, "lock", None), 0
+        why = lock.lost() if lock is not None else None
+        if why:
+            code = self.TAKEN if lock.taken else self.UNRENEWED
+        code = highest_on_any_rank(code, trainer.device) if trainer.topo.world_size > 1 else code
+        if not code:
+            return
+        if code == self.UNRENEWED:
+            why = f"{why or 'the lock could not be renewed'}; checkpoint {save_unless_saved(trainer, step + 1)} saved"
+        trainer.request_stop("lost_lock", f"stopping after step {step + 1}: {why or 'the lock was taken over'}")
+
+
 class StopOnSignal(Callback):
     """SIGUSR1/SIGTERM (:mod:`prores.run.signals`): all ranks stop after the same step, save, and
     under Slurm the job is requeued."""
@@ -168,9 +198,7 @@ class StopOnSignal(Callback):
         if not self.signals.agreed(trainer.device):
             return
         trainer.say(f"stop signal ({self.signals.received}): stopping after step {done}")
-        newest = trainer.checkpoints.newest_manifest()
-        path = newest.path if newest is not None and newest.step == done else trainer.save()
-        trainer.say(f"checkpoint {path} saved")
+        trainer.say(f"checkpoint {save_unless_saved(trainer, done)} saved")
         if trainer.topo.rank == 0:
             trainer.say(requeue())
         trainer.request_stop("stopped")

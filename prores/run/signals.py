@@ -42,11 +42,17 @@ class StopSignals:
 
     def agreed(self, device: torch.device) -> bool:
         """True on every rank once any rank got a stop signal (one all-reduce of one number)."""
-        flag = torch.tensor([1.0 if self.received else 0.0], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() and not self.received:
+        flag = highest_on_any_rank(1 if self.received else 0, device)
+        if flag and not self.received:
             self.received = "on another rank"
-        return bool(flag.item())
+        return bool(flag)
+
+
+def highest_on_any_rank(value: int, device: torch.device) -> int:
+    """The largest of every rank's ``value``: how ranks agree on a stop one of them decided."""
+    flag = torch.tensor([float(value)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item())
 
 
 def requeue() -> str:

@@ -15,7 +15,7 @@ SUMMARY = "summary.json"
 
 @dataclass
 class Summary:
-    status: str  # completed, stopped (by a signal) or diverged
+    status: str  # completed, stopped (by a signal), diverged, or lost_lock (never written: see KeepRunLock)
     steps: int
     final_valid_loss: Optional[float]  # the last evaluation's
     unigram_entropy: float
