@@ -1,11 +1,13 @@
 """`prores sweep` and `prores report`: specs, cell names, the local and Slurm runners, status, the report."""
 
 import csv
+import fcntl
 import json
 import math
 import os
 import signal
 import subprocess
+import termios
 import time
 from pathlib import Path
 
@@ -374,13 +376,27 @@ def default_signals(ignore=()):
     return preexec
 
 
-def stop_a_sweep(tmp_path, sig, ignored=()):
+def stop_a_sweep(tmp_path, sig, ignored=(), terminal=False):
     """Start the two-cell sweep with a foreground job's signal dispositions (``ignored`` ignored), and once its
-    first cell has checkpointed send it each ignored signal, then ``sig``: (spec path, sweep dir, runner)."""
+    first cell has checkpointed send it each ignored signal, then ``sig``: (spec path, sweep dir, runner).
+    ``terminal``: the runner's stdin, stdout and stderr are a real pty whose controlling process it is, and the
+    stop is a real hang-up, the pty's master side closed (the kernel's SIGHUP, then EIO on every write)."""
     path = spec(tmp_path, "slow", grid={"model.num_layers": [2]}, seeds=[1, 2], set=SLOW)
     sweep_dir = tmp_path / "runs" / "slow"
-    runner = subprocess.Popen(cli_command("sweep", path, "--root", str(tmp_path / "runs")), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env=child_env(), preexec_fn=default_signals(ignored))
+    command = cli_command("sweep", path, "--root", str(tmp_path / "runs"))
+    if terminal:
+        master, slave = os.openpty()
+
+        def preexec():
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # stdin, the pty, becomes the new session's terminal
+            default_signals(ignored)()
+
+        runner = subprocess.Popen(command, stdin=slave, stdout=slave, stderr=slave, env=child_env(),
+                                  start_new_session=True, preexec_fn=preexec)
+        os.close(slave)
+    else:
+        runner = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  env=child_env(), preexec_fn=default_signals(ignored))
     first = sweep_dir / "L002-s1" / "checkpoints" / "global_step5" / "manifest.json"
     deadline = time.monotonic() + 300
     while not first.exists():
@@ -390,20 +406,26 @@ def stop_a_sweep(tmp_path, sig, ignored=()):
         runner.send_signal(quiet)
         time.sleep(1)
         assert runner.poll() is None
-    runner.send_signal(sig)
+    if terminal:
+        said = os.read(master, 65536).decode()  # the few lines said so far (a pty buffers far more)
+        assert "prores sweep: 2 cells" in said, said
+        os.close(master)
+    else:
+        runner.send_signal(sig)
     return path, sweep_dir, runner
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig, ignored", [(signal.SIGINT, ()), (signal.SIGHUP, ()),
-                                          (signal.SIGTERM, (signal.SIGINT, signal.SIGHUP))],
-                         ids=["ctrl-c", "hangup", "term-under-nohup"])
-def test_a_signal_stops_the_runner_and_its_cells_cleanly(tmp_path, sig, ignored):
-    _, sweep_dir, runner = stop_a_sweep(tmp_path, sig, ignored)
+@pytest.mark.parametrize("sig, ignored, terminal", [(signal.SIGINT, (), False), (signal.SIGHUP, (), True),
+                                                    (signal.SIGTERM, (signal.SIGINT, signal.SIGHUP), False)],
+                         ids=["ctrl-c", "hangup-of-a-real-terminal", "term-under-nohup"])
+def test_a_signal_stops_the_runner_and_its_cells_cleanly(tmp_path, sig, ignored, terminal):
+    _, sweep_dir, runner = stop_a_sweep(tmp_path, sig, ignored, terminal)
     out, _ = runner.communicate(timeout=300)
     assert runner.returncode == 128 + sig, out
-    assert f"prores sweep: {signal.Signals(sig).name}: stopping 1 running cell" in out
-    assert "run the same command again to resume" in out
+    if not terminal:  # a hung-up terminal shows nobody what the runner says
+        assert f"prores sweep: {signal.Signals(sig).name}: stopping 1 running cell" in out
+        assert "run the same command again to resume" in out
     assert all(not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
                for pid in runner_pids(sweep_dir)), "a cell outlived its runner"
     status = sweep_cli("status", str(sweep_dir)).stdout

@@ -2,8 +2,10 @@
 
 ``local``: ``jobs`` cells at a time on this machine, each in its own session,
 so that only the runner gets a terminal's signals: on SIGTERM, SIGHUP or
-Ctrl-C it stops the cells cleanly (SIGTERM to each: a checkpoint at the next
-step, exit) and exits non-zero. ``slurm``: one ``sbatch --array`` per group of
+Ctrl-C it starts nothing more and stops the cells cleanly (SIGTERM to each
+cell's process group: a checkpoint at the next step, exit) before it says so,
+since after a hang-up its own output fails (EIO) and must not end it; a second
+signal kills the groups; it exits non-zero. ``slurm``: one ``sbatch --array`` per group of
 cells that need the same resources; each task runs ``slurm/sweep.sbatch``,
 which reads its line of ``cells.jsonl`` and runs ``slurm/train.sbatch``
 (signal forwarding, checkpoint, requeue). Either way a re-run skips finished
@@ -58,6 +60,39 @@ def to_start(sweep_dir: Path, cells: list[Cell]) -> list[Cell]:
     return [c for c in cells if c not in done and c not in alive]
 
 
+class Unfailing:
+    """A text stream whose writes cannot fail: after a terminal's hang-up every write to it fails with EIO, and
+    the runner must go on supervising its cells (signalling them, reaping them) rather than die of a print."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except (OSError, ValueError):  # EIO, a closed pipe, a closed file
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def signal_cells(procs, sig: int) -> None:
+    """``sig`` to each cell's whole process group (each cell is a session of its own: its launcher's workers
+    too), a cell that already ended left alone."""
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
 class StopSignals:
     """SIGTERM, SIGHUP and SIGINT (Ctrl-C) ask the runner to stop its cells cleanly; a second one kills them.
     SIGINT and SIGHUP that were ignored when the runner started (a background job's, `nohup`'s) stay
@@ -89,6 +124,7 @@ def needs_eval(cell: Cell) -> bool:
 def run_local(sweep_dir: Path, cells: list[Cell], jobs: int = 1) -> int:
     """0 when no cell failed (a diverged cell is a result, not a failure); 128 + the signal that stopped it.
     A cell that completes is evaluated next, as its own `prores eval` process, if the spec has ``eval``."""
+    sys.stdout, sys.stderr = Unfailing(sys.stdout), Unfailing(sys.stderr)  # for the life of the runner
     todo = to_start(sweep_dir, cells)
     evals = [c for c in cells if c not in todo and needs_eval(c)]
     if evals:
@@ -132,21 +168,21 @@ def run_local(sweep_dir: Path, cells: list[Cell], jobs: int = 1) -> int:
 
     with StopSignals() as signals:
         while (todo or evals or running) and not signals.received:
-            while (evals or todo) and len(running) < jobs:
+            while (evals or todo) and len(running) < jobs and not signals.received:  # nothing starts after one
                 start(*((evals.pop(0), "eval") if evals else (todo.pop(0), "train")))
             reap()
             time.sleep(0.2)
         if signals.received:
             sig = signals.received[0]
+            signal_cells([proc for _, proc, _ in running.values()], signal.SIGTERM)  # first: a print may fail
             n = len(running)
             print(f"prores sweep: {signal.Signals(sig).name}: stopping {n} running cell{'s' if n != 1 else ''} at"
                   " the next step (a checkpoint each); a second signal kills them", flush=True)
-            for _, proc, _ in running.values():
-                proc.send_signal(signal.SIGTERM)
+            killed = False
             while running:
-                if len(signals.received) > 1:
-                    for _, proc, _ in running.values():
-                        proc.kill()
+                if len(signals.received) > 1 and not killed:
+                    signal_cells([proc for _, proc, _ in running.values()], signal.SIGKILL)
+                    killed = True
                 reap()
                 time.sleep(0.2)
             progress.close()
