@@ -134,6 +134,14 @@ class TrainConfig:
                                      " the run as diverged, or skip it", choices=("stop", "skip"))
     max_skipped: int = _key(10, "with on_nonfinite=skip: stop as diverged after more non-finite steps in a row",
                             minimum=0)
+    hang_timeout: float = _key(600.0, "seconds a rank may go without finishing a step before it counts the run"
+                                      " hung: it writes its stacks to RUN/hangs/ and exits 124; 0: no watchdog",
+                               minimum=0.0)
+    hang_timeout_first_step: float = _key(1800.0, "the same bound for the first step (start-up, compilation)",
+                                          minimum=0.0)
+    hang_timeout_eval: float = _key(1800.0, "the same bound for an evaluation", minimum=0.0)
+    max_restarts_without_progress: int = _key(3, "a launcher's restarts in a row that resume from the same"
+                                                 " checkpoint before the run stops instead; 0: no limit", minimum=0)
     callbacks: list = _key(list(CALLBACKS), "the run's callbacks, called in this default order whatever the"
                                             " list's (prores/monitor/registry.py)", choices=tuple(CALLBACKS))
 
@@ -147,6 +155,8 @@ class CheckpointConfig:
     interval: int = _key(0, "steps between checkpoints; 0: only at the end (and on a stop signal)", minimum=0)
     keep_last: int = _key(2, "keep the newest N checkpoints; 0: keep all", minimum=0)
     keep_every: int = _key(0, "also keep every checkpoint whose step is a multiple of K; 0: none", minimum=0)
+    save_timeout: float = _key(1800.0, "seconds a checkpoint save may take before the run counts as hung",
+                               minimum=0.0)
     keep_steps: list = _key([], "also keep the checkpoints of these steps, e.g. [30] for `prores analyze` at 10% of"
                                 " a 300-step run")
 
@@ -159,6 +169,8 @@ class ParallelConfig:
     stage_layers: list = _key([], "blocks per pipeline stage, e.g. [2, 3]; empty: split by parallel.partition")
     partition: str = _key("uniform", "pipeline stages with equal numbers of blocks, or balanced by parameters"
                                      " (embedding and head included)", choices=("uniform", "parameters"))
+    timeout: float = _key(600.0, "seconds a collective waits for its peers before it fails (the process groups'"
+                                 " timeout, as Megatron's --distributed-timeout-minutes)", minimum=1.0)
 
 
 @dataclass

@@ -33,6 +33,7 @@ from prores.launcher.preflight import Plan, agreed, clean_up_failed_start, prefl
 from prores.monitor.registry import build_callbacks
 from prores.monitor.tensorboard import RunWriter, mark_resume
 from prores.parallel.grad_norm import count_parameters
+from prores.parallel.topology import TIMEOUT_S
 from prores.parallel.zero_reshard import load_with_other_dp
 from prores.run.callbacks import Callback
 from prores.run.checkpoint import Checkpoints, Found
@@ -166,6 +167,7 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """Mean loss on the validation split and on every eval set, of the model after ``step`` updates."""
         self.prores.step(self.step)
+        self.call("pre_eval", self.step)
         metrics = {}
         for tag, batches in [("valid", self.data.valid)] + [(f"eval/{n}", b) for n, b in self.data.evals.items()]:
             losses = [float(self.engine.eval_batch(iter([batch]), num_micro_batches=1)) for batch in batches]
@@ -177,6 +179,7 @@ class Trainer:
 
     def save(self) -> Path:
         t = self.topo
+        self.call("pre_checkpoint", self.step)
         client = {"data": self.data.train.state_dict(), "prores": self.prores.state_dict(),
                   "callbacks": {c.name: c.state_dict() for c in self.callbacks if c.name is not None},
                   "config": self.cfg.to_dict()}
@@ -227,6 +230,7 @@ def train(cfg: Config, run_dir: Path, resume: bool = True, overwrite: bool = Fal
     then)."""
     created = not run_dir.exists()
     lock = RunLock(run_dir)
+    TIMEOUT_S["collectives"] = cfg.parallel.timeout  # before preflight's first collective: every group has it
     try:
         agreed(lambda: take_lock(cfg, lock))
         plan = agreed(lambda: preflight(cfg, run_dir, resume, overwrite))

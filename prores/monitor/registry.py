@@ -13,6 +13,9 @@ from __future__ import annotations
 import importlib
 
 CALLBACKS = {
+    "hang_watchdog": ("prores.run.watchdog:WatchForHangs", "train.hang_timeout: a rank with no progress for it writes"
+                                                           " its stacks to RUN/hangs/ and exits 124; faults and"
+                                                           " restarts in the summary"),
     "scalars": ("prores.monitor.run_scalars:LogScalars",
                 "train/*, valid/*, eval/* and prores/alpha/* in TensorBoard"),
     "spikes": ("prores.monitor.spikes:SpikeScores", "loss and grad-norm spike scores (monitor.spike_*)"),

@@ -8,6 +8,7 @@ checks that they agree for this rank instead of assuming it.
 
 from __future__ import annotations
 
+import datetime
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -43,8 +44,12 @@ class Topology:
         return self.is_stage_writer and self.is_last_stage
 
 
+TIMEOUT_S = {"collectives": 600.0}  # parallel.timeout, set by the run before its first collective (preflight's)
+
+
 def connect() -> None:
-    """torch.distributed's default process group (gloo on CPUs, NCCL on GPUs), started once."""
+    """torch.distributed's default process group (gloo on CPUs, NCCL on GPUs), started once; a collective
+    waiting on a peer fails after ``TIMEOUT_S``."""
     import deepspeed
 
     if not torch.cuda.is_available():
@@ -56,9 +61,21 @@ def connect() -> None:
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    if not torch.distributed.is_initialized():
-        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo",
-                                   verbose=False)
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    timeout = datetime.timedelta(seconds=TIMEOUT_S["collectives"])
+    if not torch.distributed.is_initialized() and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torchrun's agent keeps one store across --max-restarts, with the last attempt's keys in it: a restarted
+        # rank that starts before its peer reads the peer's old address and fails (connection refused). Each
+        # attempt gets keys of its own; DeepSpeed then wraps the group as it is.
+        env = os.environ
+        store = torch.distributed.PrefixStore(
+            f"prores/attempt{env.get('TORCHELASTIC_RESTART_COUNT', '0')}",
+            torch.distributed.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"]),
+                                       is_master=False, timeout=timeout))
+        torch.distributed.init_process_group(backend, store=store, rank=int(env["RANK"]),
+                                             world_size=int(env["WORLD_SIZE"]), timeout=timeout)
+    if not torch.distributed.is_initialized() or not deepspeed.comm.is_initialized():
+        deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timeout)
 
 
 def agree(problem: Optional[str]) -> Optional[str]:
@@ -85,7 +102,8 @@ def init(tp: int, pp: int) -> Topology:
     _, dp = launched_as(tp, pp)
     connect()
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                                 distributed_timeout_minutes=TIMEOUT_S["collectives"] / 60)
     ds_topo = PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)
     rank = torch.distributed.get_rank()
     coord = ds_topo.get_coord(rank)

@@ -6,8 +6,9 @@ For every step t -> t+1 the loop calls, in order and on every rank:
 * ``pre_update(trainer, t)``: inside the step, once the gradients are reduced over data
   parallelism and before the optimizer clips them and updates the weights.
 * ``post_step(trainer, t, metrics)``: after it; ``metrics`` describe the update from t to t+1.
-* ``post_eval(trainer, t + 1, metrics)``: after an evaluation of the model after t+1 updates.
-* ``post_checkpoint(trainer, t + 1, path)``: once a checkpoint of it is complete.
+* ``pre_eval(trainer, t + 1)`` and ``post_eval(trainer, t + 1, metrics)``: around an evaluation of the model
+  after t+1 updates.
+* ``pre_checkpoint(trainer, t + 1)`` and ``post_checkpoint(trainer, t + 1, path)``: around a checkpoint of it.
 
 and ``on_start(trainer)`` / ``on_end(trainer, summary)`` around the run (``on_end`` may add to the
 summary). A callback ends the run with :meth:`Trainer.request_stop`. Callbacks with a ``name``
@@ -48,7 +49,13 @@ class Callback:
     def post_step(self, trainer, step: int, metrics: dict) -> None:
         pass
 
+    def pre_eval(self, trainer, step: int) -> None:
+        pass
+
     def post_eval(self, trainer, step: int, metrics: dict) -> None:
+        pass
+
+    def pre_checkpoint(self, trainer, step: int) -> None:
         pass
 
     def post_checkpoint(self, trainer, step: int, path) -> None:

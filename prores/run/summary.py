@@ -32,6 +32,8 @@ class Summary:
     config: str = "config.yaml"  # the resolved config, next to this file ...
     config_sha256: Optional[str] = None  # ... and the hash of its text
     spikes: dict = field(default_factory=dict)  # per series: count, steps and score (prores.monitor.spikes)
+    faults: list = field(default_factory=list)  # every fault the run survived (prores.run.watchdog.faults)
+    restarts: int = 0  # starts that a launcher's restart made (torchrun --max-restarts, a Slurm requeue)
 
     def write(self, run_dir: Path) -> None:
         finite = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in asdict(self).items()}

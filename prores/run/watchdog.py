@@ -1,0 +1,236 @@
+"""A hang watchdog in every rank, and the record of a run's faults and restarts.
+
+A rank that waits too long for progress is a hung job: a peer stopped in a collective, a dead file system, a
+deadlocked data worker. Each rank runs a thread that knows the phase the rank is in (the first step, a step, an
+evaluation, a checkpoint save) and since when; each phase has its bound (``train.hang_timeout`` and the longer
+ones of the first step, an evaluation, a save). Past it, the rank
+
+* writes every thread's Python stack to ``RUN/hangs/step<N>-rank<k>.txt`` (``faulthandler``, which reads the
+  stacks even of a thread blocked in C++: a waiting rank shows which collective it waits in),
+* prints one line naming rank, host, pid, step, phase and seconds waited,
+* records the fault under ``RUN/faults/`` and exits with :data:`EXIT_HUNG`, so that the launcher ends the
+  others (and, given ``--max-restarts``, restarts them: they resume from the newest good checkpoint).
+
+A stopped rank cannot write its own stacks: its peers, left waiting on it, write theirs.
+
+``RUN/attempts.jsonl`` has a line per start of the run (rank 0 writes it): when, from which step, under which
+launcher job and restart. The starts after the first of a launcher job are its restarts; a start whose
+predecessor ended without a clean end (no line ``ended``) follows a fault, whose kind the predecessor's fault
+record gives (``hang``), or, without one, ``rank lost`` (killed, crashed or out of memory). :func:`faults` puts
+them together for ``summary.json``.
+
+nvidia-resiliency-ext's ``ft_launcher`` was tried first (issue 26's note says why it is not used).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+from prores.run.callbacks import Callback
+from prores.run.files import write_atomic
+
+EXIT_HUNG = 124  # `prores train` exit status of a rank that found the run hung (as timeout(1)'s)
+HANGS, FAULTS, ATTEMPTS, PROGRESS = "hangs", "faults", "attempts.jsonl", "progress.json"
+
+
+def launcher_job() -> str:
+    """The launcher job this process belongs to: its restarts share it, a new submission does not."""
+    for var in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
+        if os.environ.get(var):
+            return f"{var}={os.environ[var]}"
+    return f"pid={os.getppid()}"
+
+
+def restart_count() -> int:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) + int(
+        os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+
+
+class Watchdog:
+    """``bounds``: seconds per phase (0: unbounded). :meth:`enter` moves the rank to a phase."""
+
+    def __init__(self, bounds: dict, run_dir: Path, rank: int, say=print, progress: bool = False):
+        self.bounds, self.run_dir, self.rank, self.say = bounds, Path(run_dir), rank, say
+        self.phase, self.step, self.since = "first step", 0, time.monotonic()
+        self.progress = progress  # this rank writes RUN/progress.json (the step it reached, once a second)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="prores-watchdog", daemon=True)
+
+    def start(self, step: int) -> "Watchdog":
+        self.enter("first step", step)
+        self._thread.start()
+        return self
+
+    def enter(self, phase: str, step: int) -> None:
+        self.phase, self.step, self.since = phase, step, time.monotonic()  # one tuple's worth of GIL-atomic stores
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _watch(self) -> None:
+        bounded = [b for b in self.bounds.values() if b]
+        poll = min([1.0] + [b / 20 for b in bounded])
+        written = None
+        while not self._stop.wait(poll):
+            phase, step, since = self.phase, self.step, self.since
+            waited = time.monotonic() - since
+            if self.progress and step != written:
+                write_atomic(self.run_dir / PROGRESS, json.dumps({"step": step, "time": time.time()}))
+                written = step
+            bound = self.bounds.get(phase, 0)
+            if bound and waited > bound:
+                self._hung(phase, step, waited)
+
+    def _hung(self, phase: str, step: int, waited: float) -> None:
+        host, pid = socket.gethostname(), os.getpid()
+        hangs = self.run_dir / HANGS
+        hangs.mkdir(parents=True, exist_ok=True)
+        stacks = hangs / f"step{step}-rank{self.rank}.txt"
+        with open(stacks, "w") as fh:
+            fh.write(f"rank {self.rank} on {host}, pid {pid}: step {step}, phase {phase}, no progress for"
+                     f" {waited:.0f} s (bound {self.bounds[phase]:g} s)\n\n")
+            fh.flush()
+            faulthandler.dump_traceback(fh, all_threads=True)
+        record_fault(self.run_dir, {"kind": "hang", "step": step, "rank": self.rank, "host": host, "pid": pid,
+                                    "phase": phase, "detect_s": round(waited, 3), "stacks": str(stacks)})
+        print(f"prores: error: rank {self.rank} on {host} (pid {pid}) hung at step {step}: no progress in phase"
+              f" '{phase}' for {waited:.0f} s (bound {self.bounds[phase]:g} s); stacks in {stacks}; exiting"
+              f" {EXIT_HUNG}", file=sys.stderr, flush=True)
+        os._exit(EXIT_HUNG)
+
+
+def record_fault(run_dir: Path, fault: dict) -> None:
+    """One file per fault under ``RUN/faults/`` (every rank may write one; none is overwritten)."""
+    folder = Path(run_dir) / FAULTS
+    folder.mkdir(parents=True, exist_ok=True)
+    fault = {"time": time.time(), "job": launcher_job(), "restart": restart_count()} | fault
+    write_atomic(folder / f"{time.time_ns()}-rank{fault.get('rank', 0)}.json", json.dumps(fault))
+
+
+def read_attempts(run_dir: Path) -> list[dict]:
+    try:
+        lines = (Path(run_dir) / ATTEMPTS).read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def append_attempt(run_dir: Path, entry: dict) -> None:
+    with open(Path(run_dir) / ATTEMPTS, "a") as fh:
+        fh.write(json.dumps(entry) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _read_json(path: Path) -> Optional[dict]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def faults(run_dir: Path) -> list[dict]:
+    """Every fault of the run, in order: each start after an unclean end is one, with its kind, the step it
+    struck at, the rank and time to detect where a fault record has them, the step resumed from and the steps
+    lost (the work between the checkpoint resumed from and the fault)."""
+    run_dir = Path(run_dir)
+    records = sorted((r for r in map(_read_json, (run_dir / FAULTS).glob("*.json")) if r), key=lambda r: r["time"])
+    attempts = read_attempts(run_dir)
+    starts = [a for a in attempts if a["event"] == "start"]
+    ended = {a["start_time"] for a in attempts if a["event"] == "ended"}
+    reached = {a["start_time"]: a for a in attempts if a["event"] == "reached"}
+    out = []
+    for before, after in zip(starts, starts[1:]):
+        if before["time"] in ended:
+            continue  # a clean end (completed, stopped by a signal): no fault
+        seen = [r for r in records if before["time"] <= r["time"] < after["time"]]
+        # without a record, the step last seen in RUN/progress.json (up to a second behind), or at least the one
+        # the next start resumed from
+        fault = seen[0] if seen else {"kind": "rank lost"} | reached.get(before["time"], before)
+        step = max(fault["step"], after["step"])
+        out.append({"kind": fault["kind"], "step": step, "detected_by_rank": fault.get("rank"),
+                    "detect_s": fault.get("detect_s"), "resumed_from": after["step"],
+                    "steps_lost": step - after["step"], "restart": after["restart"],
+                    "lost_s": round(after["time"] - fault["time"], 3)})  # the fault (or last progress) to the restart
+    return out
+
+
+class WatchForHangs(Callback):
+    """The watchdog's phases from the loop's hooks; rank 0 records each start and clean end in
+    ``RUN/attempts.jsonl`` and refuses a start once ``train.max_restarts_without_progress`` restarts in a row
+    of one launcher job resumed from the same checkpoint (looping on a fault that every restart meets)."""
+
+    def on_start(self, trainer) -> None:
+        cfg, t = trainer.cfg, trainer.topo
+        self.start_time = time.time()
+        if t.rank == 0:
+            self._check_budget(trainer)
+            self._previous_reached(trainer.run_dir)
+            append_attempt(trainer.run_dir, {"event": "start", "time": self.start_time, "step": trainer.step,
+                                             "job": launcher_job(), "restart": restart_count(),
+                                             "host": socket.gethostname()})
+        bound = cfg.train.hang_timeout
+        self.dog = None
+        if bound:
+            self.dog = Watchdog({"first step": cfg.train.hang_timeout_first_step, "step": bound,
+                                 "eval": cfg.train.hang_timeout_eval, "save": cfg.checkpoint.save_timeout},
+                                trainer.run_dir, t.rank, progress=t.rank == 0).start(trainer.step)
+
+    def _previous_reached(self, run_dir: Path) -> None:
+        """How far the previous start got (``RUN/progress.json``, written once a second): its steps lost if it
+        ended in a fault that left no record."""
+        progress = _read_json(Path(run_dir) / PROGRESS)
+        starts = [a for a in read_attempts(run_dir) if a["event"] == "start"]
+        if progress and starts and starts[-1]["time"] <= progress["time"]:
+            append_attempt(run_dir, {"event": "reached", "start_time": starts[-1]["time"], "step": progress["step"],
+                                     "time": progress["time"]})
+
+    def _check_budget(self, trainer) -> None:
+        from prores.errors import UsageError
+
+        budget = trainer.cfg.train.max_restarts_without_progress
+        job = launcher_job()
+        mine = [a for a in read_attempts(trainer.run_dir) if a["event"] == "start" and a["job"] == job]
+        if budget and len(mine) >= budget + 1 and all(a["step"] == trainer.step for a in mine[-budget:]):
+            raise UsageError(f"{budget} restarts in a row resumed from step {trainer.step} and saved no new"
+                             f" checkpoint: stopping instead of looping (train.max_restarts_without_progress). See"
+                             f" {trainer.run_dir / HANGS} and the log for the fault; run again once it is fixed.")
+
+    def _enter(self, phase: str, step: int) -> None:
+        if self.dog:
+            self.dog.enter(phase, step)
+
+    def post_step(self, trainer, step: int, metrics: dict) -> None:
+        self._enter("step", step + 1)  # the first step's bound ends here; the next step's time starts
+
+    def pre_eval(self, trainer, step: int) -> None:
+        self.before = self.dog.phase if self.dog else None  # the first step's bound goes on after a resume's eval
+        self._enter("eval", step)
+
+    def post_eval(self, trainer, step: int, metrics: dict) -> None:
+        self._enter(self.before, step)
+
+    def pre_checkpoint(self, trainer, step: int) -> None:
+        self._enter("save", step)
+
+    def post_checkpoint(self, trainer, step: int, path) -> None:
+        self._enter("step", step)
+
+    def on_end(self, trainer, summary) -> None:
+        if self.dog:
+            self.dog.stop()
+        if trainer.topo.rank == 0 and summary.status in ("completed", "stopped", "diverged"):
+            append_attempt(trainer.run_dir, {"event": "ended", "start_time": self.start_time, "time": time.time(),
+                                             "status": summary.status, "step": trainer.step})
+        summary.faults = faults(trainer.run_dir)
+        summary.restarts = sum(a["event"] == "start" and a["restart"] > 0 for a in read_attempts(trainer.run_dir))

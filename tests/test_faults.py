@@ -1,0 +1,164 @@
+"""Faults nobody announces (issue 26): a hung or dead rank in a pp=2 torchrun job under --max-restarts. The
+rank left waiting finds the hang (train.hang_timeout), writes its stacks and exits; torchrun restarts the
+workers, which resume from the newest good checkpoint and end with a straight run's losses, bit for bit."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import child_env, cli_command, run_cli, torchrun, train_args
+from prores.monitor.tensorboard import read_scalars
+from prores.run.watchdog import EXIT_HUNG
+
+pytestmark = pytest.mark.slow
+
+STEPS, FAULT_AFTER = 300, 100
+CONFIG = ("model.num_layers=4", "model.hidden_size=32", "model.ffn_hidden_size=64", "model.seq_length=32",
+          "train.micro_batch_size=4", "data.eval_samples=8", "kernels.backend=eager", f"train.steps={STEPS}",
+          "train.log_interval=1", "train.eval_interval=150", "checkpoint.interval=50", "parallel.pp=2",
+          "logging.progress_bar=false", "train.hang_timeout_first_step=300")
+HANG_TIMEOUT = 20
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("straight") / "run"
+    proc = run_cli(*train_args(run_dir, CONFIG), launcher=torchrun(2), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir
+
+
+def worker(launcher: subprocess.Popen, rank: int) -> psutil.Process:
+    for p in psutil.Process(launcher.pid).children(recursive=True):
+        try:
+            if p.environ().get("RANK") == str(rank) and "prores" in " ".join(p.cmdline()):
+                return p
+        except psutil.NoSuchProcess:
+            continue
+    raise AssertionError(f"no rank {rank} under the launcher")
+
+
+def fault_a_rank(tmp_path, sig) -> tuple[Path, subprocess.Popen, float]:
+    """Start the job under `torchrun --max-restarts 3`; once its step-100 checkpoint is written, ``sig`` to rank 1."""
+    run_dir = tmp_path / "run"
+    log = open(tmp_path / "job.log", "w")
+    launcher = ["torchrun", "--standalone", "--nproc_per_node=2", "--max-restarts=3", "-m", "prores"]
+    job = subprocess.Popen(cli_command(*train_args(run_dir, CONFIG + (f"train.hang_timeout={HANG_TIMEOUT}",)),
+                                       launcher=launcher), stdout=log, stderr=subprocess.STDOUT, env=child_env(),
+                           start_new_session=True)
+    checkpoint = run_dir / "checkpoints" / f"global_step{FAULT_AFTER}" / "manifest.json"
+    deadline = time.monotonic() + 600
+    while not checkpoint.exists():
+        assert job.poll() is None and time.monotonic() < deadline, (tmp_path / "job.log").read_text()[-3000:]
+        time.sleep(0.05)
+    worker(job, 1).send_signal(sig)
+    return run_dir, job, time.monotonic()
+
+
+def finish(tmp_path, job) -> str:
+    try:
+        job.wait(timeout=900)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    out = (tmp_path / "job.log").read_text()
+    assert job.returncode == 0, out[-4000:]
+    return out
+
+
+def assert_a_straight_runs_losses(run_dir, straight):
+    summary, plain = (json.loads((d / "summary.json").read_text()) for d in (run_dir, straight))
+    assert summary["status"] == "completed" and summary["steps"] == STEPS
+    assert summary["final_valid_loss"] == plain["final_valid_loss"]
+    losses = [read_scalars(d, lambda t: t == "train/loss")["train/loss"] for d in (run_dir, straight)]
+    assert len(losses[0]) == STEPS and losses[0] == losses[1]
+    return summary
+
+
+def test_a_stopped_rank_is_found_hung_and_the_job_restarts_to_a_straight_runs_losses(straight, tmp_path):
+    run_dir, job, stopped = fault_a_rank(tmp_path, signal.SIGSTOP)
+    hangs = run_dir / "hangs"
+    while not (found := list(hangs.glob("step*-rank0.txt"))):
+        assert time.monotonic() - stopped < 60 and job.poll() is None
+        time.sleep(0.1)
+    detected = time.monotonic() - stopped
+    assert detected < 35, f"found after {detected:.0f} s"
+    out = finish(tmp_path, job)
+    stacks = found[0].read_text()
+    step = int(found[0].name.split("-")[0][4:])
+    assert stacks.startswith(f"rank 0 on ") and f"step {step}, phase step, no progress for" in stacks
+    assert "Thread 0x" in stacks and "train_batch" in stacks  # the main thread, waiting in the pipeline's step
+    assert f"prores: error: rank 0 on " in out and f"hung at step {step}: no progress in phase 'step' for" in out
+    assert f"exiting {EXIT_HUNG}" in out
+    summary = assert_a_straight_runs_losses(run_dir, straight)
+    assert summary["restarts"] == 1
+    [fault] = summary["faults"]
+    assert fault["kind"] == "hang" and fault["detected_by_rank"] == 0 and fault["step"] == step
+    assert HANG_TIMEOUT <= fault["detect_s"] < 35
+    assert fault["resumed_from"] == FAULT_AFTER and fault["steps_lost"] == step - FAULT_AFTER
+
+
+def test_a_killed_rank_restarts_the_job_to_a_straight_runs_losses(straight, tmp_path):
+    run_dir, job, _ = fault_a_rank(tmp_path, signal.SIGKILL)
+    finish(tmp_path, job)
+    summary = assert_a_straight_runs_losses(run_dir, straight)
+    assert summary["restarts"] == 1
+    [fault] = summary["faults"]
+    assert fault["kind"] == "rank lost" and fault["resumed_from"] == FAULT_AFTER
+    assert fault["step"] >= FAULT_AFTER and fault["steps_lost"] == fault["step"] - FAULT_AFTER  # progress.json's
+
+
+def write_attempts(run_dir, *entries):
+    (run_dir / "attempts.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries))
+
+
+def test_the_faults_of_a_run_from_its_attempts_and_records(tmp_path):
+    """Four starts: a hang at step 130 (its record), then a clean stop at step 170 (no fault), then a rank lost
+    with RUN/progress.json last at step 230; restarts resumed from 100, 170 and 200. By hand: two faults."""
+    from prores.run.watchdog import faults, record_fault
+
+    job = {"job": "TORCHELASTIC_RUN_ID=x", "host": "h"}
+    write_attempts(tmp_path, {"event": "start", "time": 10.0, "step": 0, "restart": 0} | job,
+                   {"event": "start", "time": 50.0, "step": 100, "restart": 1} | job,
+                   {"event": "ended", "start_time": 50.0, "time": 60.0, "status": "stopped", "step": 170},
+                   {"event": "start", "time": 70.0, "step": 170, "restart": 0} | job,
+                   {"event": "reached", "start_time": 70.0, "step": 230, "time": 80.0},
+                   {"event": "start", "time": 95.0, "step": 200, "restart": 1} | job)
+    record_fault(tmp_path, {"kind": "hang", "step": 130, "rank": 1, "detect_s": 20.5})
+    record = next((tmp_path / "faults").glob("*.json"))
+    record.write_text(json.dumps(json.loads(record.read_text()) | {"time": 40.0}))
+    assert faults(tmp_path) == [
+        {"kind": "hang", "step": 130, "detected_by_rank": 1, "detect_s": 20.5, "resumed_from": 100,
+         "steps_lost": 30, "restart": 1, "lost_s": 10.0},
+        {"kind": "rank lost", "step": 230, "detected_by_rank": None, "detect_s": None, "resumed_from": 200,
+         "steps_lost": 30, "restart": 1, "lost_s": 15.0}]
+
+
+def test_restarts_that_save_nothing_new_stop_the_run(tmp_path, monkeypatch):
+    """train.max_restarts_without_progress=2: a third start of the same launcher job from the same step is
+    refused with one line; another job (a new submission) starts afresh."""
+    from types import SimpleNamespace
+
+    from prores.errors import UsageError
+    from prores.run.watchdog import WatchForHangs
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    job = {"job": "TORCHELASTIC_RUN_ID=x", "host": "h"}
+    write_attempts(tmp_path, *({"event": "start", "time": float(t), "step": s, "restart": t} | job
+                               for t, s in enumerate((0, 100, 100))))
+    trainer = SimpleNamespace(run_dir=tmp_path, step=100,
+                              cfg=SimpleNamespace(train=SimpleNamespace(max_restarts_without_progress=2)))
+    with pytest.raises(UsageError, match=r"^2 restarts in a row resumed from step 100 and saved no new checkpoint:"
+                                         r" stopping instead of looping"):
+        WatchForHangs()._check_budget(trainer)
+    trainer.step = 150  # a new checkpoint since
+    WatchForHangs()._check_budget(trainer)
+    trainer.step = 100
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "y")
+    WatchForHangs()._check_budget(trainer)
