@@ -3,6 +3,8 @@ rank left waiting finds the hang (train.hang_timeout), writes its stacks and exi
 workers, which resume from the newest good checkpoint and end with a straight run's losses, bit for bit."""
 
 import json
+import re
+import shutil
 import os
 import signal
 import subprocess
@@ -162,3 +164,39 @@ def test_restarts_that_save_nothing_new_stop_the_run(tmp_path, monkeypatch):
     trainer.step = 100
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "y")
     WatchForHangs()._check_budget(trainer)
+
+
+FULL = ("model.num_layers=2", "model.hidden_size=32", "model.ffn_hidden_size=64", "model.seq_length=32",
+        "train.micro_batch_size=4", "data.eval_samples=8", "kernels.backend=eager", "train.steps=30",
+        "train.log_interval=1", "train.eval_interval=30", "checkpoint.interval=10", "checkpoint.keep_last=1",
+        "logging.progress_bar=false")
+
+
+def test_a_save_on_a_full_disk_keeps_the_previous_checkpoint_and_the_run_goes_on(tmp_path, small_tmpfs):
+    """RUN/checkpoints on a tmpfs with room for one checkpoint and a half: the step-10 save fits, the step-20 and
+    step-30 ones do not (retention removes the old one only after a new one is complete). Each failure is one
+    line; the run completes; the step-10 checkpoint is intact, and a run resumed from it ends as a straight one."""
+    straight = tmp_path / "straight"
+    proc = run_cli(*train_args(straight, FULL), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    size = sum(p.stat().st_size for p in (straight / "checkpoints" / "global_step30").rglob("*") if p.is_file())
+    run_dir = tmp_path / "full"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    disk = small_tmpfs(size=f"{int(size * 1.5) // 1024}k", inodes=1000)
+    (run_dir / "checkpoints").rmdir()
+    (run_dir / "checkpoints").symlink_to(disk)
+    proc = run_cli(*train_args(run_dir, FULL), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    failed = [line for line in proc.stdout.splitlines() if "not saved" in line]
+    assert [line.split(":")[0] for line in failed] == [f"checkpoint of step {s} not saved" for s in (20, 30)]
+    assert all(re.search(rf"not saved: no space left under {run_dir / 'checkpoints'} \(it needs about [\d.]+ MiB,"
+                         r" [\d.]+ MiB are free; rank 0: .+\); the previous checkpoint \S+global_step10 is"
+                         r" intact\. The run goes on and tries again at the next checkpoint\.$", line) for line in failed), failed
+    assert sorted(p.name for p in disk.glob("global_step*")) == ["global_step10"]  # the failed ones removed again
+    resumed = tmp_path / "resumed"
+    shutil.copytree(disk, resumed / "checkpoints")
+    (resumed / "checkpoints" / "latest").write_text("global_step10")
+    proc = run_cli(*train_args(resumed, FULL), timeout=600)
+    assert proc.returncode == 0 and "resuming from step 10" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    losses = [read_scalars(d, lambda t: t == "train/loss")["train/loss"] for d in (straight, resumed)]
+    assert {s: v for s, v in losses[0].items() if s >= 10} == {s: v for s, v in losses[1].items() if s >= 10}

@@ -177,7 +177,8 @@ class Trainer:
         self.call("post_eval", self.step, metrics)
         return metrics
 
-    def save(self) -> Path:
+    def save(self) -> Optional[Path]:
+        """The checkpoint of this step, or None if it could not be written (said once; the run goes on)."""
         t = self.topo
         self.call("pre_checkpoint", self.step)
         client = {"data": self.data.train.state_dict(), "prores": self.prores.state_dict(),
@@ -185,8 +186,9 @@ class Trainer:
                   "config": self.cfg.to_dict()}
         path = self.checkpoints.save(self.engine, self.step, client_state=client,
                                      meta={"world_size": t.world_size, "parallel": {"tp": t.tp, "pp": t.pp, "dp": t.dp},
-                                           "config": self.cfg.to_dict()})
-        self.call("post_checkpoint", self.step, path)
+                                           "config": self.cfg.to_dict()}, say=self.say)
+        if path is not None:
+            self.call("post_checkpoint", self.step, path)
         return path
 
     def step_once(self) -> dict[str, float]:

@@ -187,7 +187,9 @@ class KeepRunLock(Callback):
         if not code:
             return
         if code == self.UNRENEWED:
-            why = f"{why or 'the lock could not be renewed'}; checkpoint {save_unless_saved(trainer, step + 1)} saved"
+            saved = save_unless_saved(trainer, step + 1)
+            why = (f"{why or 'the lock could not be renewed'}; "
+                   + (f"checkpoint {saved} saved" if saved else "no checkpoint of this step could be saved"))
         trainer.request_stop("lost_lock", f"stopping after step {step + 1}: {why or 'the lock was taken over'}")
 
 
@@ -205,7 +207,9 @@ class StopOnSignal(Callback):
         if not self.signals.agreed(trainer.device):
             return
         trainer.say(f"stop signal ({self.signals.received}): stopping after step {done}")
-        trainer.say(f"checkpoint {save_unless_saved(trainer, done)} saved")
+        path = save_unless_saved(trainer, done)
+        trainer.say(f"checkpoint {path} saved" if path else "no checkpoint of this step: the run resumes from its"
+                                                            " newest one")
         if trainer.topo.rank == 0:
             trainer.say(requeue())
         trainer.request_stop("stopped")

@@ -142,14 +142,26 @@ class Checkpoints:
         complete = self.complete()
         return complete[-1] if complete else None
 
-    def save(self, engine, step: int, client_state: dict, meta: dict) -> Path:
-        """Write, then publish: the manifest and ``latest`` appear only after every rank is done."""
+    def save(self, engine, step: int, client_state: dict, meta: dict, say=print) -> Optional[Path]:
+        """Write, then publish: the manifest and ``latest`` appear only after every rank is done. A save that
+        fails for want of space (or any other error of the file system) is removed again, said in one line
+        (``say``, rank 0), and None returned: the previous checkpoints stay as they were, and the run goes on
+        and tries again at the next interval. (A rank that fails inside DeepSpeed's save, while its peers
+        reach DeepSpeed's own barrier, leaves them waiting there: the hang watchdog's bound for a save ends
+        the job, and its restart resumes from the previous checkpoint.)"""
         tag = tag_of(step)
         tag_dir = self.root / tag
-        engine.save_checkpoint(str(self.root), tag=tag, client_state=client_state, save_latest=False)
-        (tag_dir / "rng").mkdir(parents=True, exist_ok=True)
-        torch.save(_rng_state(), tag_dir / "rng" / f"rank{dist.get_rank()}.pt")
-        dist.barrier()  # every rank's files are on disk
+        try:
+            engine.save_checkpoint(str(self.root), tag=tag, client_state=client_state, save_latest=False)
+            (tag_dir / "rng").mkdir(parents=True, exist_ok=True)
+            torch.save(_rng_state(), tag_dir / "rng" / f"rank{dist.get_rank()}.pt")
+            failed = {}
+        except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as a RuntimeError
+            failed = {dist.get_rank(): str(getattr(exc, "strerror", None) or exc).splitlines()[0]}
+        failed = _gather(failed)  # also: every rank's files are on disk
+        if failed:
+            self._not_saved(tag_dir, step, failed, say)
+            return None
         sums = _checksums(tag_dir, _files(tag_dir))
         if dist.get_rank() == 0:
             write_atomic(tag_dir / MANIFEST, json.dumps({"step": step, **meta, "files": sums}, indent=1))
@@ -157,6 +169,22 @@ class Checkpoints:
             self._prune(keep=step)
         dist.barrier()
         return tag_dir
+
+    def _not_saved(self, tag_dir: Path, step: int, failed: dict, say) -> None:
+        rank, why = min(failed.items())
+        previous = self.newest_manifest()
+        if dist.get_rank() == 0:
+            needed = (sum(size for size, _ in previous.manifest["files"].values()) if previous else
+                      sum(p.stat().st_size for p in tag_dir.rglob("*") if p.is_file()))
+            shutil.rmtree(tag_dir, ignore_errors=True)
+            free = shutil.disk_usage(self.root).free
+            kept = f"the previous checkpoint {previous.path} is intact" if previous else "there is no checkpoint yet"
+            # torch.save reports a short write, not ENOSPC: the space it needed against the space there is
+            full = "no space left" if free < needed else "a write failed"
+            say(f"checkpoint of step {step} not saved: {full} under {self.root} (it needs about"
+                f" {needed / 2**20:.2f} MiB, {free / 2**20:.2f} MiB are free; rank {rank}: {why}); {kept}. The run goes"
+                " on and tries again at the next checkpoint.")
+        dist.barrier()
 
     def _prune(self, keep: int) -> None:
         """Rank 0: drop what retention does not keep; the newest ``keep_last``, every ``keep_every``-th

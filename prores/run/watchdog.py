@@ -210,6 +210,10 @@ class WatchForHangs(Callback):
         if self.dog:
             self.dog.enter(phase, step)
 
+    def pre_step(self, trainer, step: int) -> None:
+        if self.dog and self.dog.phase == "save":  # a save that failed has no post_checkpoint
+            self._enter("step", step)
+
     def post_step(self, trainer, step: int, metrics: dict) -> None:
         self._enter("step", step + 1)  # the first step's bound ends here; the next step's time starts
 
