@@ -8,17 +8,19 @@ import shutil
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from conftest import child_env, cli_command, run_cli, torchrun, train_args
+from conftest import NO_SLURM, child_env, cli_command, need, run_cli, slurm_available, torchrun, train_args
 from prores.monitor.tensorboard import read_scalars
 from prores.run.watchdog import EXIT_HUNG
 
 pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
 
 STEPS, FAULT_AFTER = 300, 100
 CONFIG = ("model.num_layers=4", "model.hidden_size=32", "model.ffn_hidden_size=64", "model.seq_length=32",
@@ -200,3 +202,35 @@ def test_a_save_on_a_full_disk_keeps_the_previous_checkpoint_and_the_run_goes_on
     assert proc.returncode == 0 and "resuming from step 10" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
     losses = [read_scalars(d, lambda t: t == "train/loss")["train/loss"] for d in (straight, resumed)]
     assert {s: v for s, v in losses[0].items() if s >= 10} == {s: v for s, v in losses[1].items() if s >= 10}
+
+
+def test_slurm_train_sbatch_restarts_a_step_whose_rank_was_killed(straight, tmp_path):
+    """slurm/train.sbatch on the real (local) Slurm, 2 tasks (pp=2): rank 1 SIGKILLed after the step-100
+    checkpoint ends the job step (srun --kill-on-bad-exit); the script starts it again in the same allocation and
+    the run ends as the straight one."""
+    need(slurm_available(), NO_SLURM)
+    env = child_env(PRORES_PYTHON=sys.executable, PRORES_RUN_DIR=str(tmp_path / "run"))
+    sub = subprocess.run(["sbatch", "--parsable", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1",
+                          "--overcommit", "--time=20", f"--chdir={ROOT}", f"--output={tmp_path}/job.out",
+                          str(ROOT / "slurm" / "train.sbatch"), *train_args("IGNORED", CONFIG)[3:]],
+                         capture_output=True, text=True, env=env)
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.strip().split(";")[0]
+    run_dir = tmp_path / "run"
+    try:
+        deadline = time.monotonic() + 600
+        while not (run_dir / "checkpoints" / f"global_step{FAULT_AFTER}" / "manifest.json").exists():
+            assert time.monotonic() < deadline, (tmp_path / "job.out").read_text()[-3000:]
+            time.sleep(0.05)
+        [rank1] = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])
+                   and "prores" in p.info["cmdline"] and p.environ().get("SLURM_PROCID") == "1"]
+        rank1.kill()
+        while subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip():
+            assert time.monotonic() < deadline + 600, (tmp_path / "job.out").read_text()[-3000:]
+            time.sleep(0.5)
+    finally:
+        subprocess.run(["scancel", job])
+    out = (tmp_path / "job.out").read_text()
+    assert "restarting it in the job (1 of PRORES_MAX_RESTARTS=3)" in out, out[-3000:]
+    summary = assert_a_straight_runs_losses(run_dir, straight)
+    assert summary["restarts"] == 1 and [f["kind"] for f in summary["faults"]] == ["rank lost"]

@@ -50,8 +50,8 @@ def launcher_job() -> str:
 
 
 def restart_count() -> int:
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) + int(
-        os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    """This start's restart within its launcher job: torchrun's (--max-restarts) or slurm/train.sbatch's."""
+    return sum(int(os.environ.get(var) or 0) for var in ("TORCHELASTIC_RESTART_COUNT", "PRORES_RESTART_COUNT"))
 
 
 class Watchdog:
