@@ -96,9 +96,9 @@ def test_a_stopped_rank_is_found_hung_and_the_job_restarts_to_a_straight_runs_lo
     out = finish(tmp_path, job)
     stacks = found[0].read_text()
     step = int(found[0].name.split("-")[0][4:])
-    assert stacks.startswith(f"rank 0 on ") and f"step {step}, phase step, no progress for" in stacks
+    assert stacks.startswith("rank 0 on ") and f"step {step}, phase step, no progress for" in stacks
     assert "Thread 0x" in stacks and "train_batch" in stacks  # the main thread, waiting in the pipeline's step
-    assert f"prores: error: rank 0 on " in out and f"hung at step {step}: no progress in phase 'step' for" in out
+    assert "prores: error: rank 0 on " in out and f"hung at step {step}: no progress in phase 'step' for" in out
     assert f"exiting {EXIT_HUNG}" in out
     summary = assert_a_straight_runs_losses(run_dir, straight)
     assert summary["restarts"] == 1
@@ -125,7 +125,7 @@ def write_attempts(run_dir, *entries):
 def test_the_faults_of_a_run_from_its_attempts_and_records(tmp_path):
     """Four starts: a hang at step 130 (its record), then a clean stop at step 170 (no fault), then a rank lost
     with RUN/progress.json last at step 230; restarts resumed from 100, 170 and 200. By hand: two faults."""
-    from prores.run.watchdog import faults, record_fault
+    from prores.run.faults import faults, record_fault
 
     job = {"job": "TORCHELASTIC_RUN_ID=x", "host": "h"}
     write_attempts(tmp_path, {"event": "start", "time": 10.0, "step": 0, "restart": 0} | job,

@@ -173,15 +173,23 @@ def test_the_local_runner_runs_every_cell(local_sweep):
         assert (sweep_dir / "logs" / f"{c.name}.log").is_file()
 
 
-def test_status_lists_every_cell_with_its_state_step_and_loss(local_sweep):
+def test_status_lists_every_cell_with_its_state_step_restarts_and_loss(local_sweep, tmp_path):
     _, _, sweep_dir, _ = local_sweep
-    proc = sweep_cli("status", str(sweep_dir), timeout=300)
+    attempts = sweep_dir / "L002-linear-s1" / "attempts.jsonl"
+    kept = attempts.read_text()
+    attempts.write_text(kept + "".join(json.dumps({"event": "start", "time": 1e10 + r, "step": 3, "restart": r,
+                                                   "job": "x", "host": "h"}) + "\n" for r in (1, 2)))
+    try:
+        proc = sweep_cli("status", str(sweep_dir), timeout=300)
+    finally:
+        attempts.write_text(kept)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()[1:-1]}
-    assert rows["L002-linear-s1"][:2] == ["completed", "6"] and rows["L003-none-s1"][0] == "diverged"
+    assert rows["L002-linear-s1"][:3] == ["completed", "6", "2"] and rows["L003-none-s1"][0] == "diverged"
+    assert rows["L002-none-s1"][2] == "0"
     acc = event_accumulator.EventAccumulator(str(sweep_dir / "L002-none-s1"))
     acc.Reload()
-    assert float(rows["L002-none-s1"][2]) == pytest.approx(acc.Scalars("train/loss")[-1].value, abs=5e-5)
+    assert float(rows["L002-none-s1"][3]) == pytest.approx(acc.Scalars("train/loss")[-1].value, abs=5e-5)
     assert proc.stdout.splitlines()[-1] == "3 completed, 1 diverged"
 
 

@@ -13,11 +13,8 @@ ones of the first step, an evaluation, a save). Past it, the rank
 
 A stopped rank cannot write its own stacks: its peers, left waiting on it, write theirs.
 
-``RUN/attempts.jsonl`` has a line per start of the run (rank 0 writes it): when, from which step, under which
-launcher job and restart. The starts after the first of a launcher job are its restarts; a start whose
-predecessor ended without a clean end (no line ``ended``) follows a fault, whose kind the predecessor's fault
-record gives (``hang``), or, without one, ``rank lost`` (killed, crashed or out of memory). :func:`faults` puts
-them together for ``summary.json``.
+The callback also keeps the run's record of starts and faults (:mod:`prores.run.faults`) and a budget of
+restarts.
 
 nvidia-resiliency-ext's ``ft_launcher`` was tried first (issue 26's note says why it is not used).
 """
@@ -32,26 +29,14 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
 
 from prores.run.callbacks import Callback
+from prores.run.faults import (PROGRESS, read_json, append_attempt, faults, launcher_job, read_attempts,
+                               record_fault, restart_count)
 from prores.run.files import write_atomic
 
 EXIT_HUNG = 124  # `prores train` exit status of a rank that found the run hung (as timeout(1)'s)
-HANGS, FAULTS, ATTEMPTS, PROGRESS = "hangs", "faults", "attempts.jsonl", "progress.json"
-
-
-def launcher_job() -> str:
-    """The launcher job this process belongs to: its restarts share it, a new submission does not."""
-    for var in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
-        if os.environ.get(var):
-            return f"{var}={os.environ[var]}"
-    return f"pid={os.getppid()}"
-
-
-def restart_count() -> int:
-    """This start's restart within its launcher job: torchrun's (--max-restarts) or slurm/train.sbatch's."""
-    return sum(int(os.environ.get(var) or 0) for var in ("TORCHELASTIC_RESTART_COUNT", "PRORES_RESTART_COUNT"))
+HANGS = "hangs"
 
 
 class Watchdog:
@@ -109,62 +94,6 @@ class Watchdog:
         os._exit(EXIT_HUNG)
 
 
-def record_fault(run_dir: Path, fault: dict) -> None:
-    """One file per fault under ``RUN/faults/`` (every rank may write one; none is overwritten)."""
-    folder = Path(run_dir) / FAULTS
-    folder.mkdir(parents=True, exist_ok=True)
-    fault = {"time": time.time(), "job": launcher_job(), "restart": restart_count()} | fault
-    write_atomic(folder / f"{time.time_ns()}-rank{fault.get('rank', 0)}.json", json.dumps(fault))
-
-
-def read_attempts(run_dir: Path) -> list[dict]:
-    try:
-        lines = (Path(run_dir) / ATTEMPTS).read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    return [json.loads(line) for line in lines if line.strip()]
-
-
-def append_attempt(run_dir: Path, entry: dict) -> None:
-    with open(Path(run_dir) / ATTEMPTS, "a") as fh:
-        fh.write(json.dumps(entry) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def _read_json(path: Path) -> Optional[dict]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def faults(run_dir: Path) -> list[dict]:
-    """Every fault of the run, in order: each start after an unclean end is one, with its kind, the step it
-    struck at, the rank and time to detect where a fault record has them, the step resumed from and the steps
-    lost (the work between the checkpoint resumed from and the fault)."""
-    run_dir = Path(run_dir)
-    records = sorted((r for r in map(_read_json, (run_dir / FAULTS).glob("*.json")) if r), key=lambda r: r["time"])
-    attempts = read_attempts(run_dir)
-    starts = [a for a in attempts if a["event"] == "start"]
-    ended = {a["start_time"] for a in attempts if a["event"] == "ended"}
-    reached = {a["start_time"]: a for a in attempts if a["event"] == "reached"}
-    out = []
-    for before, after in zip(starts, starts[1:]):
-        if before["time"] in ended:
-            continue  # a clean end (completed, stopped by a signal): no fault
-        seen = [r for r in records if before["time"] <= r["time"] < after["time"]]
-        # without a record, the step last seen in RUN/progress.json (up to a second behind), or at least the one
-        # the next start resumed from
-        fault = seen[0] if seen else {"kind": "rank lost"} | reached.get(before["time"], before)
-        step = max(fault["step"], after["step"])
-        out.append({"kind": fault["kind"], "step": step, "detected_by_rank": fault.get("rank"),
-                    "detect_s": fault.get("detect_s"), "resumed_from": after["step"],
-                    "steps_lost": step - after["step"], "restart": after["restart"],
-                    "lost_s": round(after["time"] - fault["time"], 3)})  # the fault (or last progress) to the restart
-    return out
-
-
 class WatchForHangs(Callback):
     """The watchdog's phases from the loop's hooks; rank 0 records each start and clean end in
     ``RUN/attempts.jsonl`` and refuses a start once ``train.max_restarts_without_progress`` restarts in a row
@@ -189,7 +118,7 @@ class WatchForHangs(Callback):
     def _previous_reached(self, run_dir: Path) -> None:
         """How far the previous start got (``RUN/progress.json``, written once a second): its steps lost if it
         ended in a fault that left no record."""
-        progress = _read_json(Path(run_dir) / PROGRESS)
+        progress = read_json(Path(run_dir) / PROGRESS)
         starts = [a for a in read_attempts(run_dir) if a["event"] == "start"]
         if progress and starts and starts[-1]["time"] <= progress["time"]:
             append_attempt(run_dir, {"event": "reached", "start_time": starts[-1]["time"], "step": progress["step"],

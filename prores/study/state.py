@@ -29,6 +29,7 @@ from typing import Optional
 from prores.monitor.tensorboard import read_scalars
 from prores.run.files import write_atomic
 from prores.run.lock import live_holder, process_start, this_host
+from prores.run.faults import read_attempts
 from prores.run.summary import read_summary
 from prores.study.sweep import Cell, read_cells
 
@@ -91,6 +92,7 @@ class CellState:
     state: str
     step: Optional[int] = None
     loss: Optional[float] = None
+    restarts: int = 0  # a launcher's restarts after a fault (RUN/attempts.jsonl)
 
 
 def last_loss(run_dir: Path) -> tuple[Optional[int], Optional[float]]:
@@ -102,6 +104,12 @@ def last_loss(run_dir: Path) -> tuple[Optional[int], Optional[float]]:
 
 
 def cell_state(sweep_dir: Path, cell: Cell) -> CellState:
+    state = _cell_state(sweep_dir, cell)
+    state.restarts = sum(a["event"] == "start" and a["restart"] > 0 for a in read_attempts(Path(cell.run_dir)))
+    return state
+
+
+def _cell_state(sweep_dir: Path, cell: Cell) -> CellState:
     run_dir = Path(cell.run_dir)
     step, loss = last_loss(run_dir)
     rec = read_record(sweep_dir, cell)
@@ -123,9 +131,9 @@ def status_table(sweep_dir: Path) -> str:
     """`prores sweep status`: a line per cell (state, step, last training loss), then the counts."""
     rows = [(c, cell_state(sweep_dir, c)) for c in read_cells(sweep_dir)]
     width = max(len(c.name) for c, _ in rows)
-    lines = [f"{'cell':<{width}}  {'state':<9}  {'step':>7}  last loss"]
+    lines = [f"{'cell':<{width}}  {'state':<9}  {'step':>7}  {'restarts':>8}  last loss"]
     for cell, st in rows:
-        lines.append(f"{cell.name:<{width}}  {st.state:<9}  {'' if st.step is None else st.step:>7}  "
+        lines.append(f"{cell.name:<{width}}  {st.state:<9}  {'' if st.step is None else st.step:>7}  {st.restarts:>8}  "
                      + ("" if st.loss is None else f"{st.loss:.4f}"))
     counts = Counter(st.state for _, st in rows)
     return "\n".join(lines + [", ".join(f"{n} {s}" for s, n in sorted(counts.items()))])
