@@ -244,20 +244,19 @@ class RunLock:
             raise cannot_judge(path, exc) from None
         return math.inf if age is None else age
 
-    def _stale(self, holder: Holder, path: Optional[Path] = None) -> bool:
-        """Whether ``holder`` of ``path`` (the lock) is gone: by its process on this host, by its lease on
-        another (waiting until it beats or its lease runs out)."""
-        path = path or self.path
+    def _stale(self, holder: Holder) -> bool:
+        """Whether ``holder`` of the lock is gone: by its process on this host, by its lease on another
+        (waiting until it beats or its lease runs out)."""
         if holder.on_this_host() or (self.host is not None and holder.host == self.host):
             return holder.gone_from_this_host()
         try:
-            beat = path.stat().st_mtime
+            beat = self.path.stat().st_mtime
         except FileNotFoundError:
             return True  # released meanwhile: nothing to take over, look again
-        while (age := self._age_or_refuse(path)) < self.lease:
+        while (age := self._age_or_refuse(self.path)) < self.lease:
             time.sleep(min(1.0, self.heartbeat, self.lease - age))
             try:
-                if path.stat().st_mtime != beat:
+                if self.path.stat().st_mtime != beat:
                     return False  # it beat: alive
             except FileNotFoundError:
                 return True

@@ -42,9 +42,11 @@ HANGS = "hangs"
 class Watchdog:
     """``bounds``: seconds per phase (0: unbounded). :meth:`enter` moves the rank to a phase."""
 
-    def __init__(self, bounds: dict, run_dir: Path, rank: int, say=print, progress: bool = False):
-        self.bounds, self.run_dir, self.rank, self.say = bounds, Path(run_dir), rank, say
-        self.phase, self.step, self.since = "first step", 0, time.monotonic()
+    def __init__(self, bounds: dict, run_dir: Path, rank: int, progress: bool = False):
+        self.bounds, self.run_dir, self.rank = bounds, Path(run_dir), rank
+        # (phase, step, since): one attribute, replaced whole, so the thread never reads a new phase with an old
+        # start (a step bound against the first step's minutes)
+        self.state = ("first step", 0, time.monotonic())
         self.progress = progress  # this rank writes RUN/progress.json (the step it reached, once a second)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="prores-watchdog", daemon=True)
@@ -54,8 +56,12 @@ class Watchdog:
         self._thread.start()
         return self
 
+    @property
+    def phase(self) -> str:
+        return self.state[0]
+
     def enter(self, phase: str, step: int) -> None:
-        self.phase, self.step, self.since = phase, step, time.monotonic()  # one tuple's worth of GIL-atomic stores
+        self.state = (phase, step, time.monotonic())
 
     def stop(self) -> None:
         self._stop.set()
@@ -67,7 +73,7 @@ class Watchdog:
         poll = min([1.0] + [b / 20 for b in bounded])
         written = None
         while not self._stop.wait(poll):
-            phase, step, since = self.phase, self.step, self.since
+            phase, step, since = self.state
             waited = time.monotonic() - since
             if self.progress and step != written:
                 write_atomic(self.run_dir / PROGRESS, json.dumps({"step": step, "time": time.time()}))
