@@ -107,7 +107,8 @@ def running_since(run_dir: Path, after: int) -> bool:
 
 def newest_checkpoint(run_dir: Path):
     done = sorted((int(p.parent.name[len("global_step"):]), p.parent)
-                  for p in (run_dir / "checkpoints").glob("global_step*/manifest.json"))
+                  for p in (run_dir / "checkpoints").glob("global_step*/manifest.json")
+                  if p.parent.name[len("global_step"):].isdigit())  # not one set aside as .damaged
     return done[-1] if done else (None, None)
 
 
