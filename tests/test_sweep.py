@@ -516,3 +516,17 @@ def test_a_four_cell_sweep_runs_as_a_slurm_array(tmp_path):
         p.read_text()[-2000:] for p in (sweep_dir / "logs").glob("*.out"))
     assert all(json.loads((sweep_dir / c.name / "summary.json").read_text())["steps"] == 6 for c in read_cells(sweep_dir))
     assert len(list((sweep_dir / "logs").glob("prores-array-*_*.out"))) == 4
+
+
+def test_signal_cells_reaches_each_cells_whole_process_group():
+    """A cell's launcher and its workers share the cell's session: a kill reaches the grandchild too, where
+    proc.kill() reached only the launcher."""
+    from prores.study.runners import signal_cells
+
+    cell = subprocess.Popen(["bash", "-c", "sleep 300 & echo $!; wait"], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    worker = psutil.Process(int(cell.stdout.readline()))
+    signal_cells([cell], signal.SIGKILL)
+    assert cell.wait(timeout=10) == -signal.SIGKILL
+    worker.wait(timeout=10)  # gone (psutil.TimeoutExpired otherwise)
+    signal_cells([cell], signal.SIGKILL)  # a cell that ended already is left alone
