@@ -29,11 +29,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
+from prores.errors import UsageError
 from prores.run.callbacks import Callback
 from prores.run.faults import (PROGRESS, read_json, append_attempt, faults, launcher_job, read_attempts,
                                record_fault, restart_count)
 from prores.run.files import write_atomic
+from prores.run.signals import highest_on_any_rank
 
 EXIT_HUNG = 124  # `prores train` exit status of a rank that found the run hung (as timeout(1)'s)
 HANGS = "hangs"
@@ -108,8 +111,12 @@ class WatchForHangs(Callback):
     def on_start(self, trainer) -> None:
         cfg, t = trainer.cfg, trainer.topo
         self.start_time = time.time()
+        spent = self._budget_spent(trainer) if t.rank == 0 else None
+        if t.world_size > 1 and highest_on_any_rank(1 if spent else 0, trainer.device) and not spent:
+            spent = "rank 0 stops the run: its restarts are spent"  # every rank stops alike; rank 0 says why
+        if spent:
+            raise UsageError(spent)
         if t.rank == 0:
-            self._check_budget(trainer)
             self._previous_reached(trainer.run_dir)
             append_attempt(trainer.run_dir, {"event": "start", "time": self.start_time, "step": trainer.step,
                                              "job": launcher_job(), "restart": restart_count(),
@@ -130,16 +137,17 @@ class WatchForHangs(Callback):
             append_attempt(run_dir, {"event": "reached", "start_time": starts[-1]["time"], "step": progress["step"],
                                      "time": progress["time"]})
 
-    def _check_budget(self, trainer) -> None:
-        from prores.errors import UsageError
-
+    @staticmethod
+    def _budget_spent(trainer) -> Optional[str]:
+        """Why this start must not run (its launcher job restarted too often without a new checkpoint), or None."""
         budget = trainer.cfg.train.max_restarts_without_progress
         job = launcher_job()
         mine = [a for a in read_attempts(trainer.run_dir) if a["event"] == "start" and a["job"] == job]
         if budget and len(mine) >= budget + 1 and all(a["step"] == trainer.step for a in mine[-budget:]):
-            raise UsageError(f"{budget} restarts in a row resumed from step {trainer.step} and saved no new"
-                             f" checkpoint: stopping instead of looping (train.max_restarts_without_progress). See"
-                             f" {trainer.run_dir / HANGS} and the log for the fault; run again once it is fixed.")
+            return (f"{budget} restarts in a row resumed from step {trainer.step} and saved no new checkpoint:"
+                    f" stopping instead of looping (train.max_restarts_without_progress). See"
+                    f" {trainer.run_dir / HANGS} and the log for the fault; run again once it is fixed.")
+        return None
 
     def _enter(self, phase: str, step: int) -> None:
         if self.dog:
