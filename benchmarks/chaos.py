@@ -176,10 +176,10 @@ def main() -> int:
                     fh.truncate(biggest.stat().st_size // 2)
                 victim.kill()
             elif kind == "enospc":
-                filler = disk / "filler"
+                filler, failed = disk / "filler", (out / "chaos.log").read_text().count("not saved")
                 subprocess.run(["fallocate", "-l", str(shutil.disk_usage(disk).free), str(filler)], check=False)
-                while "not saved" not in (out / "chaos.log").read_text() and job.poll() is None:
-                    time.sleep(0.05)
+                while (out / "chaos.log").read_text().count("not saved") == failed and job.poll() is None:
+                    time.sleep(0.05)  # until the next save has failed
                 filler.unlink()
             injected.append({"kind": kind, "step": step, "time": time.monotonic() - started})
             print(f"fault {len(injected)}: {kind} at step {step}", flush=True)
@@ -197,16 +197,18 @@ def main() -> int:
 
     summary = json.loads((run_dir / "summary.json").read_text())
     text = (out / "chaos.log").read_text()
-    detected = {"kill": 0, "stop": 0, "term": text.count("stop signal (SIGTERM)"), "corrupt": text.count("is damaged"),
-                "enospc": text.count("not saved")}
-    for f in summary.get("faults", []):
-        detected["stop" if f["kind"] == "hang" else "kill"] += 1  # a corrupt fault's kill shows as a rank lost
+    kinds_seen = [f["kind"] for f in summary.get("faults", [])]
+    # what the run itself saw: its fault records (a kill, and a corruption's kill, are a rank lost; a stop is a
+    # hang), the preemptions it stopped for, the checkpoints it set aside (corrupted on purpose, or left
+    # half-written by a fault during a save) and the saves that failed
+    detected = {"hang": kinds_seen.count("hang"), "rank lost": kinds_seen.count("rank lost"),
+                "preemption": text.count("stop signal (SIGTERM)"), "damaged checkpoint": text.count("is damaged"),
+                "failed save": text.count("not saved")}
     losses = [read_scalars(d, lambda t: t == "train/loss")["train/loss"] for d in (straight, run_dir)]
     same = losses[0] == losses[1] and summary["final_valid_loss"] == base["final_valid_loss"]
     counts = {k: sum(i["kind"] == k for i in injected) for k in kinds}
     print(f"\n{len(injected)} faults injected (" + ", ".join(f"{k} {n}" for k, n in counts.items()) + ")")
-    print("detected: " + ", ".join(f"{k} {v}" for k, v in detected.items() if k in kinds)
-          + f"; restarts {summary.get('restarts')}")
+    print("detected: " + ", ".join(f"{k} {v}" for k, v in detected.items()) + f"; restarts {summary.get('restarts')}")
     for f in summary.get("faults", []):
         print(f"  {f['kind']:>9} at step {f['step']}: {f['steps_lost']} steps and {f['lost_s']:.1f} s lost"
               + (f", detected in {f['detect_s']:.1f} s" if f.get("detect_s") is not None else ""))

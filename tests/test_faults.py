@@ -247,5 +247,6 @@ def test_the_chaos_benchmark_short_a_2_rank_run_survives_three_faults_of_three_k
     out = proc.stdout
     assert "3 faults injected (kill 1, stop 1, term 1)" in out, out
     assert "recovered: every fault; the run is bitwise the unfaulted one" in out
-    assert "detected: kill 1, stop 1, term 1; restarts 2" in out
+    assert re.search(r"detected: hang 1, rank lost 1, preemption 1, damaged checkpoint [01], failed save 0;"
+                     r" restarts 2", out), out  # a hang in a save leaves a half-written checkpoint to set aside
     assert "goodput 0." in out

@@ -63,3 +63,12 @@ def test_the_readme_study_tables_quote_their_reports(study):
 def test_the_readme_quotes_the_depth_studys_claims():
     for claim in json.loads((ROOT / "docs" / "cpu_depth_claims.json").read_text()):
         assert f"| {claim['statement']} | **{claim['verdict']}** |" in (ROOT / "README.md").read_text()
+
+
+def test_the_readme_quotes_the_chaos_benchmark_as_kept_in_docs():
+    """The README's chaos printout is docs/chaos.txt, which the command quoted above it wrote."""
+    readme = (ROOT / "README.md").read_text()
+    quoted = re.search(r"python benchmarks/chaos.py --faults 10 --seed 1 [^\n]*> docs/chaos.txt\n```\n\n"
+                       r"```text\n(.*?)```", readme, re.S)
+    assert quoted, "no chaos printout in the README"
+    assert quoted.group(1).strip() == (ROOT / "docs" / "chaos.txt").read_text().strip()
