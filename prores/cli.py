@@ -1,4 +1,4 @@
-"""The ``prores`` console script: ``train``, ``preprocess``, ``sweep``, ``report``, ``analyze``, ``eval``, ``export``,
+"""The ``prores`` console script: ``train``, ``preprocess``, ``sweep``, ``report``, ``compare``, ``analyze``, ``eval``, ``export``,
 ``plan``, ``config``."""
 
 from __future__ import annotations
@@ -114,6 +114,13 @@ def _warn_cells(cells) -> None:
     for w, names in concerns.items():
         print(f"prores: warning: {len(names)} of {len(cells)} cells ({', '.join(names[:3])}"
               f"{', ...' if len(names) > 3 else ''}): {w}", flush=True)
+
+
+def _cmd_compare(args) -> int:
+    from prores.study.compare import compare
+
+    print(compare(Path(args.short), Path(args.long), args.reference, args.treatment), end="")
+    return 0
 
 
 def _cmd_report(args) -> int:
@@ -249,6 +256,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("targets", nargs="+", metavar="SWEEP_DIR | RUN_DIR...")
     p.add_argument("--out", default=None, help="where to write (default: the sweep directory, or ./report)")
     p.set_defaults(func=_cmd_report)
+
+    p = sub.add_parser("compare", help="two studies at two training lengths: losses, rankings with Kendall's tau,"
+                                       " the paired ProRes - Pre-LN difference")
+    p.add_argument("short", metavar="SHORT", help="a study's results.csv (`prores report`), or its sweep directory")
+    p.add_argument("long", metavar="LONG", help="the same methods trained longer")
+    p.add_argument("--reference", default="Pre-LN", help="the method the treatment is paired with (default Pre-LN)")
+    p.add_argument("--treatment", default="Pre-LN + ProRes", help="default: Pre-LN + ProRes")
+    p.set_defaults(func=_cmd_compare)
 
     p = sub.add_parser("analyze", help="each layer's output over the kept checkpoints vs the final one (cosine)")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with checkpoints kept along the run")
