@@ -198,9 +198,10 @@ def main() -> int:
     summary = json.loads((run_dir / "summary.json").read_text())
     text = (out / "chaos.log").read_text()
     kinds_seen = [f["kind"] for f in summary.get("faults", [])]
-    # what the run itself saw: its fault records (a kill, and a corruption's kill, are a rank lost; a stop is a
-    # hang), the preemptions it stopped for, the checkpoints it set aside (corrupted on purpose, or left
-    # half-written by a fault during a save) and the saves that failed
+    # what the run itself saw: its fault records (a stop is a hang; a kill, and a corruption's kill, a rank lost,
+    # or a hang when the dead rank's peer waits on it in a call that gloo does not fail), the preemptions it
+    # stopped for, the checkpoints it set aside (corrupted on purpose, or left half-written by a fault during a
+    # save) and the saves that failed
     detected = {"hang": kinds_seen.count("hang"), "rank lost": kinds_seen.count("rank lost"),
                 "preemption": text.count("stop signal (SIGTERM)"), "damaged checkpoint": text.count("is damaged"),
                 "failed save": text.count("not saved")}

@@ -24,6 +24,9 @@ def test_the_chaos_benchmark_short_a_2_rank_run_survives_three_faults_of_three_k
     out = proc.stdout
     assert "3 faults injected (kill 1, stop 1, term 1)" in out, out
     assert "recovered: every fault; the run is bitwise the unfaulted one" in out
-    assert re.search(r"detected: hang 1, rank lost 1, preemption 1, damaged checkpoint [01], failed save 0;"
-                     r" restarts 2", out), out  # a hang in a save leaves a half-written checkpoint to set aside
+    # a killed rank's peer fails at once in gloo (a rank lost), or waits on it until its bound (a hang); a hang in
+    # a save leaves a half-written checkpoint to set aside
+    seen = re.search(r"detected: hang (\d+), rank lost (\d+), preemption 1, damaged checkpoint [01], failed save 0;"
+                     r" restarts 2", out)
+    assert seen and int(seen[1]) + int(seen[2]) == 2 and int(seen[1]) >= 1, out
     assert "goodput 0." in out

@@ -116,8 +116,10 @@ def test_a_killed_rank_restarts_the_job_to_a_straight_runs_losses(straight, tmp_
     summary = assert_a_straight_runs_losses(run_dir, straight)
     assert summary["restarts"] == 1
     [fault] = summary["faults"]
-    assert fault["kind"] == "rank lost" and fault["resumed_from"] == FAULT_AFTER
-    assert fault["step"] >= FAULT_AFTER and fault["steps_lost"] == fault["step"] - FAULT_AFTER  # progress.json's
+    # rank 0 fails at once in gloo (a rank lost: the step from RUN/progress.json), or, waiting on the dead peer in
+    # a call gloo does not fail, is found hung by its watchdog (the step it hung at)
+    assert fault["kind"] in ("rank lost", "hang") and fault["resumed_from"] == FAULT_AFTER
+    assert fault["step"] >= FAULT_AFTER and fault["steps_lost"] == fault["step"] - FAULT_AFTER
 
 
 def write_attempts(run_dir, *entries):
@@ -234,4 +236,4 @@ def test_slurm_train_sbatch_restarts_a_step_whose_rank_was_killed(straight, tmp_
     out = (tmp_path / "job.out").read_text()
     assert "restarting it in the job (1 of PRORES_MAX_RESTARTS=3)" in out, out[-3000:]
     summary = assert_a_straight_runs_losses(run_dir, straight)
-    assert summary["restarts"] == 1 and [f["kind"] for f in summary["faults"]] == ["rank lost"]
+    assert summary["restarts"] == 1 and [f["kind"] for f in summary["faults"]] in (["rank lost"], ["hang"])
