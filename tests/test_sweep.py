@@ -530,3 +530,21 @@ def test_signal_cells_reaches_each_cells_whole_process_group():
     assert cell.wait(timeout=10) == -signal.SIGKILL
     worker.wait(timeout=10)  # gone (psutil.TimeoutExpired otherwise)
     signal_cells([cell], signal.SIGKILL)  # a cell that ended already is left alone
+
+
+def test_the_horizon_study_is_the_depth_studys_leaders_at_four_times_the_steps():
+    """configs/sweeps/cpu-horizon.yaml (issue 30): 30 cells of 1,000 steps, depths 12, 48 and 120, five methods,
+    two seeds, and every ProRes cell's deepest block saturated (linear: at t = T·L) by 75% of training."""
+    from prores.config import load_config
+
+    _, cells = expand("cpu-horizon.yaml")
+    configs = [load_config("cpu-depth.yaml", c.overrides) for c in cells]
+    assert len(cells) == 30 and {c.train.steps for c in configs} == {1000}
+    assert sorted({c.model.num_layers for c in configs}) == [12, 48, 120]
+    assert sorted({c.grid["method"] for c in cells}) == ["LNS", "LayerScale", "Pre-LN", "Pre-LN + ProRes",
+                                                         "Pre-LN + Scaled Init"]
+    assert sorted({c.grid["train.seed"] for c in cells}) == [1, 2]
+    prores = [c for c in configs if c.prores.schedule == "linear"]
+    assert len(prores) == 6 and all(c.prores.T * c.model.num_layers <= 0.75 * c.train.steps for c in prores)
+    assert {(c.model.num_layers, c.prores.T * c.model.num_layers / c.train.steps) for c in prores} == {
+        (12, 0.12), (48, 0.48), (120, 0.6)}
