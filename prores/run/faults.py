@@ -88,3 +88,8 @@ def faults(run_dir: Path) -> list[dict]:
                     "steps_lost": step - after["step"], "restart": after["restart"],
                     "lost_s": round(after["time"] - fault["time"], 3)})  # the fault (or last progress) to the restart
     return out
+
+
+def restarts(run_dir: Path) -> int:
+    """The starts that a launcher's restart made (torchrun --max-restarts, slurm/train.sbatch's loop)."""
+    return sum(a["event"] == "start" and a["restart"] > 0 for a in read_attempts(run_dir))

@@ -34,7 +34,7 @@ from typing import Optional
 from prores.errors import UsageError
 from prores.run.callbacks import Callback
 from prores.run.faults import (PROGRESS, read_json, append_attempt, faults, launcher_job, read_attempts,
-                               record_fault, restart_count)
+                               record_fault, restart_count, restarts)
 from prores.run.files import write_atomic
 from prores.run.signals import highest_on_any_rank
 
@@ -180,4 +180,4 @@ class WatchForHangs(Callback):
             append_attempt(trainer.run_dir, {"event": "ended", "start_time": self.start_time, "time": time.time(),
                                              "status": summary.status, "step": trainer.step})
         summary.faults = faults(trainer.run_dir)
-        summary.restarts = sum(a["event"] == "start" and a["restart"] > 0 for a in read_attempts(trainer.run_dir))
+        summary.restarts = restarts(trainer.run_dir)

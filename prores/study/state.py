@@ -29,7 +29,7 @@ from typing import Optional
 from prores.monitor.tensorboard import read_scalars
 from prores.run.files import write_atomic
 from prores.run.lock import live_holder, process_start, this_host
-from prores.run.faults import read_attempts
+from prores.run.faults import restarts
 from prores.run.summary import read_summary
 from prores.study.sweep import Cell, read_cells
 
@@ -105,7 +105,7 @@ def last_loss(run_dir: Path) -> tuple[Optional[int], Optional[float]]:
 
 def cell_state(sweep_dir: Path, cell: Cell) -> CellState:
     state = _cell_state(sweep_dir, cell)
-    state.restarts = sum(a["event"] == "start" and a["restart"] > 0 for a in read_attempts(Path(cell.run_dir)))
+    state.restarts = restarts(Path(cell.run_dir))
     return state
 
 
