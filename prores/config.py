@@ -233,7 +233,7 @@ def key_docs() -> list[KeyDoc]:
 
 def yaml_value(value) -> str:
     """``value`` as one line of YAML, as ``--set KEY=VALUE`` reads it back."""
-    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...").strip()
+    return yaml.safe_dump(value, default_flow_style=True, width=float("inf")).strip().removesuffix("\n...").strip()
 
 
 def keys_markdown() -> str:

@@ -17,8 +17,7 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
 from conftest import NO_SLURM, deepspeed_launcher, need, run_cli, slurm_available, srun, torchrun, train_args
-from prores.config import key_docs, keys_markdown, load_config, methods_markdown
-from prores.model.layouts import LAYOUTS
+from prores.config import key_docs, load_config
 from prores.cli import default_run_dir
 from prores.run.progress import Progress
 from prores.run.summary import Summary
@@ -212,15 +211,6 @@ def test_a_problem_one_rank_finds_stops_every_rank_at_once(tmp_path):
     assert time.monotonic() - started < 120
     assert proc.returncode != 0 and "Traceback" not in out, out[-3000:]
     assert out.count(f"prores: error: rank 1 of 2: data.corpus: '{tmp_path}/missing.txt' is neither a file") == 1
-
-
-def test_readme_keys_table_is_the_registry():
-    assert keys_markdown() in (ROOT / "README.md").read_text()
-
-
-def test_readme_method_table_is_the_registry():
-    assert methods_markdown() in (ROOT / "README.md").read_text()
-    assert methods_markdown().count("\n| `") == len(LAYOUTS) + 1  # the rows, and DyT
 
 
 def test_prores_config_shows_every_key_value_default_and_meaning():

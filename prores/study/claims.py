@@ -446,6 +446,15 @@ def claims_json(claims: list[Claim]) -> list[dict]:
     return [clean(asdict(c)) for c in claims]
 
 
+def claims_from_json(data: list[dict]) -> list[Claim]:
+    """The inverse of :func:`claims_json`: JSON's string keys back to the depths and seeds (ints) they were."""
+    def restore(v):
+        if isinstance(v, dict):
+            return {int(k) if k.lstrip("-").isdigit() else k: restore(x) for k, x in v.items()}
+        return [restore(x) for x in v] if isinstance(v, list) else v
+    return [Claim(**{**c, "numbers": restore(c["numbers"])}) for c in data]
+
+
 def _num(v, digits: int = 4, sign: str = "+") -> str:
     """A difference (signed), or with ``sign=""`` a value."""
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
