@@ -1,9 +1,11 @@
 """The manual (mkdocs.yml, docs/): it builds in strict mode, so a broken link, anchor or picture fails, and
 its reference pages are the registries', generated at build time."""
 
+import csv
 import html
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +29,12 @@ def site(tmp_path_factory):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out
+
+
+def test_the_generated_pages_are_what_the_code_writes_now():
+    proc = subprocess.run([sys.executable, "scripts/docs_reference.py", "--check"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def page(site, name: str) -> str:
@@ -69,3 +77,77 @@ def test_the_api_page_shows_the_callback_protocol(site):
     text = page(site, "reference/api")
     for hook in ("pre_step", "pre_update", "post_step", "pre_checkpoint", "on_end"):
         assert f"prores.run.callbacks.Callback.{hook}" in text or hook in text
+
+
+# What the results pages' study tables quote, by column header: the results.csv field and its digits.
+COLUMNS = {"final valid loss": ("final_valid_loss", 4), "loss spikes, whole run": ("loss_spike_score", 4),
+           "grad-norm spikes, whole run": ("grad_norm_spike_score", 4),
+           "prores_rolling_ppl/bits_per_byte": ("eval:prores_rolling_ppl/bits_per_byte", 4),
+           "last / first act RMS": ("act_rms_last_over_first", 3), "growth per block": ("act_rms_growth_per_block", 4)}
+
+
+def markdown_tables(text: str) -> list[list[list[str]]]:
+    """Every table of a Markdown page, as rows of cells (the separator row dropped)."""
+    tables, rows = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+        elif rows:
+            tables.append([r for r in rows if not set("".join(r)) <= set("-: ")])
+            rows = []
+    return tables
+
+
+def mean_spread(values: list[float], digits: int) -> str:
+    """The report's "mean ± sample std" (one value alone), written independently of prores.study.runs."""
+    mean = f"{statistics.fmean(values):.{digits}f}"
+    return mean if len(values) == 1 else f"{mean} ± {statistics.stdev(values):.{digits}f}"
+
+
+@pytest.mark.parametrize("page, study", [("results/cpu-depth.md", "cpu_depth"), ("results/zoo.md", "cpu_zoo")])
+def test_every_column_of_the_study_tables_is_its_results_csv(page, study):
+    """Each row of each table that quotes a report (its first column is the first grid axis) is recomputed from
+    the report's results.csv, kept in docs/: every column, so a column without a rule here fails."""
+    rows = list(csv.DictReader((ROOT / "docs" / f"{study}_results.csv").open()))
+    fields = list(rows[0])
+    grid = fields[:fields.index("name")]
+    tables = [t for t in markdown_tables((ROOT / "docs" / page).read_text()) if t[0][0] == grid[0]]
+    assert tables, f"no study table on {page}"
+    checked = 0
+    for head, *body in tables:
+        assert head[:len(grid)] == grid, head
+        for cells in body:
+            group = [r for r in rows if [r[k] for k in grid] == cells[:len(grid)]]
+            done = [r for r in group if r["status"] == "completed"]
+            assert done, cells
+            for column, cell in zip(head[len(grid):], cells[len(grid):]):
+                if column in COLUMNS:
+                    field, digits = COLUMNS[column]
+                    want = mean_spread([float(r[field]) for r in done], digits)
+                elif column == "status":
+                    want = f"completed {len(done)}"
+                elif column == "seeds":
+                    want = str(len(done))
+                else:
+                    raise AssertionError(f"{page}: no rule to check column {column!r}")
+                assert cell == want, f"{page} {cells[:len(grid)]} {column}: {cell} (results.csv: {want})"
+                checked += 1
+    assert checked >= len({tuple(r[k] for k in grid) for r in rows})
+
+
+def test_the_zoo_on_off_table_is_its_results_csv():
+    """ProRes on − off per method and depth, paired by seed, and the verdict by the report's rule (helps or
+    hurts beyond twice the paired spread), computed here from docs/cpu_zoo_results.csv."""
+    rows = [r for r in csv.DictReader((ROOT / "docs" / "cpu_zoo_results.csv").open()) if r["status"] == "completed"]
+    loss = {(r["method"], r["model.num_layers"], r["ProRes"], r["seed"]): float(r["final_valid_loss"]) for r in rows}
+    table = next(t for t in markdown_tables((ROOT / "docs" / "results" / "zoo.md").read_text()) if t[0][0] == "method")
+    assert table[0] == ["method", "depth", "off", "on", "on − off (paired)", "seeds", "ProRes"]
+    assert len(table) - 1 == len({(m, d) for m, d, _, _ in loss})
+    for method, depth, off, on, diff, seeds, verdict in table[1:]:
+        pairs = [(loss[method, depth, "off", s], loss[method, depth, "on", s]) for (m, d, p, s) in loss
+                 if (m, d, p) == (method, depth, "off") and (method, depth, "on", s) in loss]
+        d = [b - a for a, b in pairs]
+        mean, sd = statistics.fmean(d), statistics.stdev(d)
+        assert off == f"{statistics.fmean(a for a, _ in pairs):.4f}" and on == f"{statistics.fmean(b for _, b in pairs):.4f}"
+        assert diff == f"{mean:+.4f} ± {sd:.4f}" and seeds == str(len(pairs))
+        assert verdict == ("within the seed spread" if abs(mean) <= 2 * sd else "helps" if mean < 0 else "hurts")

@@ -35,40 +35,63 @@ def test_ci_runs_the_readme_test_command():
     assert TEST_COMMAND in ci
 
 
-def test_the_readme_plan_example_is_what_prores_plan_prints():
+def test_the_readme_is_a_front_page():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 250
+
+
+def test_the_plan_example_is_what_prores_plan_prints():
     from prores.config import load_config
     from prores.parallel.plan import GiB, describe_plan
 
     plan = describe_plan(load_config("depth/120.yaml"), 258, gpus=8, gpu_memory=80 * GiB)
-    assert f"```\n{plan}\n```" in (ROOT / "README.md").read_text()
+    assert f"```\n{plan}\n```" in (ROOT / "docs" / "fitting.md").read_text()
 
 
-@pytest.mark.parametrize("study", ["cpu_depth", "cpu_zoo"])
-def test_the_readme_study_tables_quote_their_reports(study):
-    """The README's study tables are `prores report`'s: each row's final validation loss is the mean ± sample
-    std, computed here, of the completed seeds in the report's results.csv (kept in docs/)."""
-    rows = list(csv.DictReader((ROOT / "docs" / f"{study}_results.csv").open()))
-    grid = list(rows[0])[:list(rows[0]).index("name")]  # the sweep's grid axes, the report's first columns
-    groups = {}
-    for r in rows:
-        if r["status"] == "completed":
-            groups.setdefault(tuple(r[c] for c in grid), []).append(float(r["final_valid_loss"]))
-    readme = (ROOT / "README.md").read_text()
-    for key, losses in groups.items():
-        loss = f"{statistics.fmean(losses):.4f}" + (f" ± {statistics.stdev(losses):.4f}" if len(losses) > 1 else "")
-        assert re.search(r"^\| " + re.escape(" | ".join(key)) + r" \|(?:.*\|)? " + re.escape(loss) + r" \|", readme,
-                         re.M), f"{study}: no README row {key} with final valid loss {loss}"
-
-
-def test_the_readme_quotes_the_depth_studys_claims():
-    for claim in json.loads((ROOT / "docs" / "cpu_depth_claims.json").read_text()):
-        assert f"| {claim['statement']} | **{claim['verdict']}** |" in (ROOT / "README.md").read_text()
-
-
-def test_the_readme_quotes_the_chaos_benchmark_as_kept_in_docs():
-    """The README's chaos printout is docs/chaos.txt, which the command quoted above it wrote."""
-    readme = (ROOT / "README.md").read_text()
+def test_the_manual_quotes_the_chaos_benchmark_as_kept_in_docs():
+    """The printout on the checkpoints page is docs/chaos.txt, which the command quoted above it wrote."""
+    page = (ROOT / "docs" / "checkpoints.md").read_text()
     quoted = re.search(r"python benchmarks/chaos.py --faults 10 --seed 1 [^\n]*> docs/chaos.txt\n```\n\n"
-                       r"```text\n(.*?)```", readme, re.S)
-    assert quoted, "no chaos printout in the README"
+                       r"```text\n(.*?)```", page, re.S)
+    assert quoted, "no chaos printout on the checkpoints page"
     assert quoted.group(1).strip() == (ROOT / "docs" / "chaos.txt").read_text().strip()
+
+
+def paired(rows, depth, reference, treatment):
+    """treatment − reference per seed over the completed seeds both have: (mean, sample std)."""
+    loss = {(r["method"], r["seed"]): float(r["final_valid_loss"]) for r in rows
+            if r["model.num_layers"] == str(depth) and r["status"] == "completed"}
+    d = [loss[treatment, s] - loss[reference, s] for (m, s) in loss if m == reference and (treatment, s) in loss]
+    return statistics.fmean(d), statistics.stdev(d)
+
+
+def test_the_readme_findings_are_the_studies_numbers():
+    """Each number of "What prores found at CPU scale", from docs/cpu_depth_results.csv, cpu_depth_claims.json
+    and cpu_zoo_results.csv, computed here."""
+    text = " ".join((ROOT / "README.md").read_text().split("## What prores found at CPU scale", 1)[1]
+                    .split("\n## ", 1)[0].split())
+    depth = list(csv.DictReader((ROOT / "docs" / "cpu_depth_results.csv").open()))
+    depths = sorted({int(r["model.num_layers"]) for r in depth})
+    gains = {d: paired(depth, d, "Pre-LN + ProRes", "Pre-LN") for d in depths}
+    assert all(g > 0 for g, _ in gains.values())  # "beats plain Pre-LN at every depth"
+    assert f"by +{min(g for g, _ in gains.values()):.3f} to +{max(g for g, _ in gains.values()):.3f} nats" in text
+    beyond = [d for d, (g, sd) in gains.items() if g > 2 * sd]
+    assert beyond == depths[:depths.index(72) + 1], beyond
+    assert "beyond twice the seed spread up to 72 blocks, within it at 96 and 120" in text
+    claims = json.loads((ROOT / "docs" / "cpu_depth_claims.json").read_text())
+    best = {int(d): r["best"] for d, r in next(c for c in claims if c["key"] == "c-lowest")["numbers"]["per_depth"].items()}
+    assert best == {12: "Pre-LN + Scaled Init", 24: "Pre-LN + Scaled Init", 48: "Post-LN", 72: "Pre-LN + Scaled Init",
+                    96: "Pre-LN + Scaled Init", 120: "LNS"}
+    assert ("Pre-LN + Scaled Init's at 12, 24, 72 and 96 blocks, Post-LN's at 48 and LNS's at 120" in text)
+    verdicts = [c["verdict"] for c in claims]
+    assert (f"Of the paper's {len(claims)} claims" in text.replace("nine", "9")
+            and f"{verdicts.count('holds')} hold, {verdicts.count('does not hold')} do not hold and "
+                f"{verdicts.count('not shown beyond the seed spread')} are not shown" in text)
+    zoo = [r for r in csv.DictReader((ROOT / "docs" / "cpu_zoo_results.csv").open()) if r["status"] == "completed"]
+
+    def mean(method, prores):
+        return statistics.fmean(float(r["final_valid_loss"]) for r in zoo
+                                if (r["model.num_layers"], r["method"], r["ProRes"]) == ("48", method, prores))
+    effects = {m: mean(m, "on") - mean(m, "off") for m in {r["method"] for r in zoo}}
+    assert min(effects, key=effects.get) == "Pre-LN"  # "helps Pre-LN most"
+    assert f"by {-effects['Pre-LN']:.4f} nats at 48 blocks" in text
+    assert f"LayerScale alone is lower there ({mean('LayerScale', 'off'):.4f} against {mean('Pre-LN', 'on'):.4f})" in text

@@ -41,7 +41,7 @@ def table(runs: list[Run], keys: list[str]) -> list[list[str]]:
     """Markdown rows: one per cell (seeds averaged over the completed ones), with its evaluations."""
     evals = eval_metrics(runs)
     head = keys + ["params", "steps", "final valid loss", "final ppl", "best valid loss", "best ppl",
-                   "loss spike score", "grad-norm spike score", *evals, "status", "tokens/s", "seeds"]
+                   "loss spikes, whole run", "grad-norm spikes, whole run", *evals, "status", "tokens/s", "seeds"]
     rows = [head]
     for group in groups(runs, keys).values():
         done = [r for r in group if r.completed]
