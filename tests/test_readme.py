@@ -6,7 +6,6 @@ import re
 import statistics
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_COMMAND = "bash scripts/test.sh"
