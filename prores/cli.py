@@ -197,6 +197,12 @@ def _cmd_plan(args) -> int:
     return 0
 
 
+def _cmd_doctor(args) -> int:
+    from prores.launcher.doctor import doctor  # imports each dependency itself: a broken one is a finding
+
+    return doctor(Path(args.run_root))
+
+
 def _cmd_preprocess(args) -> int:
     from prores.data.preprocess import preprocess
 
@@ -291,6 +297,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=int, required=True, help="number of GPUs")
     p.add_argument("--gpu-memory", required=True, metavar="SIZE", help="memory of one GPU, e.g. 80GB (GiB)")
     p.set_defaults(func=_cmd_plan)
+
+    p = sub.add_parser("doctor", help="what this machine has for a run: versions, devices, launchers, Slurm,"
+                       " kernel backends, disk; each ✓ or ✗ with its fix (run it first on a new machine)")
+    p.add_argument("--run-root", default="runs", help="where runs will write (default: runs)")
+    p.set_defaults(func=_cmd_doctor)
 
     p = sub.add_parser("config", parents=[config], help="every config key with its value, default and meaning")
     p.add_argument("--markdown", action="store_true", help="the defaults as the README's Markdown table")

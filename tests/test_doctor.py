@@ -1,0 +1,47 @@
+"""`prores doctor` on this machine, and on one where training cannot start (a required package that fails to
+import, made real by a stand-in package earlier on the path)."""
+
+import importlib.metadata
+import re
+import shutil
+import subprocess
+
+import torch
+
+from conftest import run_cli, slurm_available
+
+
+def lines(out: str) -> dict[str, str]:
+    """Each item's line, by item: ``{"torch": "✓ torch  2.13.0", ...}``."""
+    return {m.group(2).strip(): m.group(0) for m in re.finditer(r"^  ([✓✗]) (.{25}) (.*)$", out, re.M)}
+
+
+def test_the_doctor_prints_its_table_here_and_exits_0(tmp_path):
+    proc = run_cli("doctor", "--run-root", str(tmp_path / "runs"), timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    found = lines(proc.stdout)
+    for dist in ("torch", "deepspeed", "megatron-core"):
+        assert found[dist].startswith("  ✓") and found[dist].endswith(importlib.metadata.version(dist)), found[dist]
+    for launcher in ("torchrun", "deepspeed", "srun", "sbatch"):
+        where = shutil.which(launcher)
+        line = found[f"launcher {launcher}"]
+        assert line.endswith(where) if where else line.startswith("  ✗")
+    assert found["kernels.backend=eager"].startswith("  ✓ kernels.backend=eager")
+    assert found["CUDA"].startswith("  ✓" if torch.cuda.is_available() else "  ✗")
+    assert f"free under {tmp_path}" in found["run root"]  # the nearest existing directory of the run root
+    if slurm_available():
+        partitions = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True).stdout.split()
+        line = found["Slurm partitions"]
+        assert line.startswith("  ✓") and partitions and all(p.rstrip("*") in line for p in partitions)
+    assert proc.stdout.strip().endswith("prores doctor: ready")
+
+
+def test_the_doctor_exits_1_naming_what_stops_training(tmp_path):
+    fake = tmp_path / "path" / "deepspeed"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('libcudart.so.12: cannot open shared object file')\n")
+    proc = run_cli("doctor", "--run-root", str(tmp_path), PYTHONPATH=str(tmp_path / "path"), timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in out, out[-3000:]
+    assert "✗ deepspeed" in out and "libcudart.so.12" in out and "pip install -e ." in out
+    assert out.strip().endswith("prores doctor: training cannot start here: deepspeed")
