@@ -304,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_doctor)
 
     p = sub.add_parser("config", parents=[config], help="every config key with its value, default and meaning")
-    p.add_argument("--markdown", action="store_true", help="the defaults as the README's Markdown table")
+    p.add_argument("--markdown", action="store_true", help="the defaults as the manual's Markdown table (docs/reference/config-keys.md)")
     p.add_argument("--methods", action="store_true",
                    help="the residual methods (model.norm_layout) with their blocks and sources")
     p.set_defaults(func=_cmd_config)

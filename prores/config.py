@@ -66,7 +66,7 @@ class ModelConfig:
     tie_embeddings: bool = _key(False, "share the embedding with the output head")
     vocab_multiple: int = _key(128, "pad the vocab to a multiple of this (independent of tp)", minimum=1)
     fp32_residual: bool = _key(True, "under train.precision=bf16, keep the residual stream between blocks (and"
-                                     " stages) in fp32 while the branches compute in bf16 (see the README)")
+                                     " stages) in fp32 while the branches compute in bf16 (see the manual: docs/fitting.md)")
     recompute: str = _key("none", "activation recompute: block keeps only each block's input and recomputes"
                                   " the block in the backward pass (same numbers, less memory)",
                           choices=("none", "block"))
@@ -237,7 +237,7 @@ def yaml_value(value) -> str:
 
 
 def keys_markdown() -> str:
-    """The README's table of config keys (``prores config --markdown``)."""
+    """The manual's table of config keys (``prores config --markdown``)."""
     rows = ["| key | default | meaning |", "| --- | --- | --- |"]
     for d in key_docs():
         some = "any of" if isinstance(d.default, list) else "one of"
@@ -247,7 +247,7 @@ def keys_markdown() -> str:
 
 
 def methods_markdown() -> str:
-    """The README's table of residual methods (``prores config --markdown --methods``): the registry's."""
+    """The manual's table of residual methods (``prores config --markdown --methods``): the registry's."""
     rows = ["| `model.norm_layout` | block | source |", "| --- | --- | --- |"]
     rows += [f"| `{m.name}` | {m.doc} | {m.source} |" for m in LAYOUTS.values()]
     rows += [f"| `model.norm: {name}` | {doc} | |" for name, doc in NORMS.items() if name == "dyt"]

@@ -1,4 +1,4 @@
-"""A run's per-layer family as the layer × step heatmap TensorBoard shows, saved as a PNG (README figures).
+"""A run's per-layer family as the layer × step heatmap TensorBoard shows, saved as a PNG (the manual's figures).
 
     python scripts/layer_heatmap.py RUN_DIR layers/grad_norm OUT.png [--title TITLE] [--vmin V --vmax V]
 

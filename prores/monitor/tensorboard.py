@@ -2,7 +2,7 @@
 (:class:`RunWriter`), read back by the study tools (:func:`read_scalars`).
 
 Layer numbers in tags are global, 1-based, 3 digits (``layer_001``). The tags
-themselves are listed in the README's "Monitoring a deep run" section.
+themselves are listed in the manual's monitoring page (docs/monitoring.md).
 """
 
 from __future__ import annotations
