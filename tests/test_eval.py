@@ -4,13 +4,12 @@ export logits against prores's forward, refusals, and a task that needs a downlo
 
 import json
 import math
-import subprocess
 
 import pytest
 import torch
 from tensorboard.backend.event_processing import event_accumulator
 
-from conftest import child_env, run_cli, torchrun, train_args
+from conftest import run_cli, torchrun, train_args
 
 pytestmark = pytest.mark.slow
 
@@ -138,13 +137,16 @@ def test_a_task_that_needs_a_download_fails_in_one_line_offline(pp2_run):
 
 
 def test_a_local_tokenizer_json_run_evaluates_and_exports(tmp_path):
-    """A word-level tokenizer.json (an <|endoftext|> for documents): eval runs through it, and the export ships it."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    """A word-level tokenizer.json (an <|endoftext|> for documents, and a post-processor that puts a BOS before
+    each text, as Llama's do): eval runs through it, and the export encodes text exactly as training did."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import AutoTokenizer
 
     words = sorted({w for line in open(__file__) for w in line.split()})[:2000]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["[UNK]", "<|endoftext|>", *words])},
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["[UNK]", "<|endoftext|>", "<s>", *words])},
                                      unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 2)])
     tok.save(str(tmp_path / "tokenizer.json"))
     run_dir = tmp_path / "run"
     proc = run_cli(*train_args(run_dir, TRAIN + (f"data.tokenizer={tmp_path / 'tokenizer.json'}", "train.steps=2")),
@@ -153,6 +155,9 @@ def test_a_local_tokenizer_json_run_evaluates_and_exports(tmp_path):
     assert run_cli("eval", str(run_dir), "--tasks", "prores_lastword", "--limit", "5", timeout=900).returncode == 0
     assert (run_dir / "eval" / "2" / "results.json").is_file()
     assert run_cli("export", str(run_dir), str(tmp_path / "hf"), timeout=600).returncode == 0
-    assert (tmp_path / "hf" / "tokenizer.json").read_text() == (tmp_path / "tokenizer.json").read_text()
+    text = "def test the export is the run"
+    trained = tok.encode(text, add_special_tokens=False).ids  # what prores.data.tokenizers feeds the model
+    assert tok.encode(text).ids == [2, *trained]  # the post-processor is there, and adds a BOS
+    assert AutoTokenizer.from_pretrained(str(tmp_path / "hf"))(text)["input_ids"] == trained
     config = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
     assert config["eos_token"] == "<|endoftext|>"

@@ -171,13 +171,15 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(straight, tmp_pa
     assert (got["steps"], got["final_valid_loss"]) == (want["steps"], want["final_valid_loss"])
 
 
-def test_resume_refuses_another_tp_or_pp_and_no_resume_needs_overwrite(straight, tmp_path):
+def test_resume_refuses_another_pp_without_zero_and_no_resume_needs_overwrite(straight, tmp_path):
     run = tmp_path / "A"
     shutil.copytree(straight["pp1"], run)
     before = sorted(p.relative_to(run) for p in run.rglob("*"))
-    proc = run_cli(*train_args(run, "parallel.pp=2"), launcher=torchrun(2), timeout=300)
+    proc = run_cli(*train_args(run, "parallel.pp=2", "parallel.zero_stage=0"), launcher=torchrun(2), timeout=300)
     assert proc.returncode != 0
-    assert proc.stderr.count("was written with parallel.tp=1 parallel.pp=1, this run has tp=1 pp=2") == 1
+    assert proc.stderr.count("was written with parallel.tp=1 parallel.pp=1, this run has tp=1 pp=2: a resume on"
+                             " another tp or pp reads the ZeRO optimizer shards, and this run has"
+                             " parallel.zero_stage=0") == 1
     proc = run_cli(*train_args(run), "--no-resume", timeout=300)
     assert proc.returncode == 2 and "already has checkpoints" in proc.stderr and "Traceback" not in proc.stderr
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before  # nothing touched

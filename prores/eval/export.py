@@ -15,7 +15,6 @@ form, a BPE over the 256 bytes (id = byte value) with no merges, ``<eod>`` = 256
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Optional
 
@@ -121,7 +120,11 @@ def export_hf(run_dir: Path, out: Path, step: Optional[int] = None) -> Path:
     else:
         from tokenizers import Tokenizer
 
-        shutil.copy(tokenizer.name, out / "tokenizer.json")
+        # training encodes without special tokens (prores.data.tokenizers); "add_bos_token": False does not
+        # reach a post-processor inside tokenizer.json, which AutoTokenizer would apply (a BOS template)
+        spec = json.loads(Path(tokenizer.name).read_text())
+        spec["post_processor"] = None
+        (out / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
         eod_text = Tokenizer.from_file(tokenizer.name).id_to_token(eod)
         special = {"eos_token": eod_text, "bos_token": eod_text}
     (out / "tokenizer_config.json").write_text(json.dumps(

@@ -43,15 +43,18 @@ class Plan:
 
 
 def check_resumable(found: Found, cfg: Config, global_batch: int) -> None:
-    """Resuming may change dp (the number of processes) and micro-batching, but not the samples per step,
-    train.steps, tp, pp, the model or ProRes."""
+    """Resuming may change tp, pp and dp (the number of processes) and micro-batching, but not the samples
+    per step, train.steps, the model or ProRes. Another tp or pp reads the ZeRO-1 optimizer shards by name
+    (prores.parallel.reshard), so both runs need ZeRO."""
     saved = found.manifest["parallel"]
-    if (saved["tp"], saved["pp"]) != (cfg.parallel.tp, cfg.parallel.pp):
+    zero = (found.manifest["config"].get("parallel", {}).get("zero_stage", 1), cfg.parallel.zero_stage)
+    if (saved["tp"], saved["pp"]) != (cfg.parallel.tp, cfg.parallel.pp) and 0 in zero:
         raise UsageError(
             f"checkpoint {found.path} was written with parallel.tp={saved['tp']} parallel.pp={saved['pp']}, this"
-            f" run has tp={cfg.parallel.tp} pp={cfg.parallel.pp}. A resume may change dp (the number of"
-            f" processes) but not tp or pp: use --set parallel.tp={saved['tp']} --set parallel.pp={saved['pp']},"
-            " or start a new --run-dir."
+            f" run has tp={cfg.parallel.tp} pp={cfg.parallel.pp}: a resume on another tp or pp reads the ZeRO"
+            f" optimizer shards, and {'the checkpoint' if zero[0] == 0 else 'this run'} has"
+            f" parallel.zero_stage=0. Resume with --set parallel.tp={saved['tp']} --set parallel.pp={saved['pp']}"
+            + ("" if zero[0] == 0 else " or parallel.zero_stage=1") + ", or start a new --run-dir."
         )
     saved, now, default = found.manifest["config"], cfg.to_dict(), Config().to_dict()
     for section, what in (("model", "a different model"), ("prores", "another ProRes schedule")):

@@ -34,6 +34,7 @@ from prores.monitor.registry import build_callbacks
 from prores.monitor.tensorboard import RunWriter, mark_resume
 from prores.parallel.grad_norm import count_parameters
 from prores.parallel.topology import TIMEOUT_S
+from prores.parallel.reshard import load_on_other_layout
 from prores.parallel.zero_reshard import load_with_other_dp
 from prores.run.callbacks import Callback
 from prores.run.checkpoint import Checkpoints, Found
@@ -119,8 +120,13 @@ class Trainer:
         return step % self.cfg.train.log_interval == 0 or step == self.cfg.train.steps - 1
 
     def load(self, found: Found) -> None:
-        saved_dp, root, tag = found.manifest["parallel"]["dp"], self.checkpoints.root, found.path.name
-        if saved_dp == self.topo.dp:
+        saved, root, tag = found.manifest["parallel"], self.checkpoints.root, found.path.name
+        saved_dp, topo = saved["dp"], self.topo
+        other_layout = (saved["tp"], saved["pp"]) != (topo.tp, topo.pp)
+        started = time.perf_counter()
+        if other_layout:
+            path, client = found.path, load_on_other_layout(self.engine, found.path, saved, topo.tp_rank, topo.tp)
+        elif saved_dp == topo.dp:
             path, client = self.engine.load_checkpoint(str(root), tag=tag)
         else:
             path, client = load_with_other_dp(self.engine, root, tag, saved_dp)
@@ -133,8 +139,13 @@ class Trainer:
             if callback.name is not None and callback.name in client["callbacks"]:
                 callback.load_state_dict(client["callbacks"][callback.name])
         same_world = self.checkpoints.load_rng(found)
-        self.say(f"resuming from step {self.step}: {found.path}"
-                 + ("" if same_world else f" (dp {saved_dp} -> {self.topo.dp}; RNG streams start afresh)"))
+        if other_layout:
+            self.say(f"resuming step {self.step} from tp{saved['tp']} x pp{saved['pp']} x dp{saved_dp} on"
+                     f" tp{topo.tp} x pp{topo.pp} x dp{topo.dp}: {found.path} (resharded in"
+                     f" {time.perf_counter() - started:.2f} s; RNG streams start afresh)")
+        else:
+            self.say(f"resuming from step {self.step}: {found.path}"
+                     + ("" if same_world else f" (dp {saved_dp} -> {topo.dp}; RNG streams start afresh)"))
 
     def _learning_rate_from_config(self) -> None:
         """A resume keeps the optimizer's moments and the schedule's position but takes the peak
