@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -30,8 +31,8 @@ def train(run_dir: Path, width: int, procs: int, layout: tuple[str, ...], steps:
                  "model.num_heads=4", "model.seq_length=64", "train.micro_batch_size=4", f"train.steps={steps}",
                  "checkpoint.interval=1", "checkpoint.keep_last=3", "train.eval_interval=100000",
                  "data.eval_samples=16", "kernels.backend=eager", "logging.progress_bar=false", *layout)
-    launcher = (["torchrun", "--standalone", f"--nproc_per_node={procs}"] if procs > 1 else
-                ["/usr/bin/time", "-f", "peak-rss-kb %M", "python"])  # one process: its peak RSS
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}"]
+                if procs > 1 else ["/usr/bin/time", "-f", "peak-rss-kb %M", sys.executable])  # one: its peak RSS
     cmd = launcher + ["-m", "prores", "train", "--run-dir", str(run_dir)]
     for o in overrides:
         cmd += ["--set", o]

@@ -126,6 +126,9 @@ class TrainConfig:
     steps: int = _key(300, "optimizer steps", minimum=1)
     micro_batch_size: int = _key(8, "sequences per micro-batch and data-parallel rank", minimum=1)
     grad_accum: int = _key(1, "micro-batches per step; global batch = micro x accum x dp", minimum=1)
+    global_batch_size: int = _key(0, "samples per step whatever the world size: grad_accum follows as global /"
+                                     " (micro x dp), so a job that comes back on more or fewer nodes resumes"
+                                     " (Megatron's --global-batch-size); 0: micro x accum x dp", minimum=0)
     seed: int = _key(1234, "weights, data order and dropout", minimum=0)
     log_interval: int = _key(10, "steps between logged training scalars (and progress lines)", minimum=1)
     eval_interval: int = _key(100, "steps between evaluations (and one at the end)", minimum=1)
@@ -145,9 +148,21 @@ class TrainConfig:
     callbacks: list = _key(list(CALLBACKS), "the run's callbacks, called in this default order whatever the"
                                             " list's (prores/monitor/registry.py)", choices=tuple(CALLBACKS))
 
+    def accumulation(self, dp: int) -> int:
+        """Micro-batches per step and data-parallel rank over ``dp`` ranks (a UsageError if the global batch
+        does not split evenly)."""
+        if not self.global_batch_size:
+            return self.grad_accum
+        per_step = self.micro_batch_size * dp
+        if self.global_batch_size % per_step:
+            raise UsageError(f"train.global_batch_size={self.global_batch_size} is not a multiple of"
+                             f" train.micro_batch_size x dp = {self.micro_batch_size} x {dp}: pick a micro-batch"
+                             " size that divides it on this many processes.")
+        return self.global_batch_size // per_step
+
     def global_batch(self, dp: int) -> int:
         """Samples per optimizer step over ``dp`` data-parallel ranks."""
-        return self.micro_batch_size * self.grad_accum * dp
+        return self.micro_batch_size * self.accumulation(dp) * dp
 
 
 @dataclass

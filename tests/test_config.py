@@ -5,6 +5,7 @@ import yaml
 
 from conftest import run_cli
 from prores.config import DEFAULT_CONFIG, PACKAGED_CONFIGS, ConfigError, load_config
+from prores.errors import UsageError
 
 
 def test_default_is_the_packaged_tiny_config():
@@ -99,3 +100,13 @@ def test_empty_sections_and_overrides_into_them(tmp_path):
     path.write_text("model:\nprores:\n  schedule: equal\n")
     cfg = load_config(path, ("model.num_layers=24",))
     assert cfg.model.num_layers == 24 and cfg.model.hidden_size == 128 and cfg.prores.schedule == "equal"
+
+
+def test_a_global_batch_size_fixes_the_batch_and_accumulation_follows_dp():
+    train = load_config(None, ["train.global_batch_size=8", "train.micro_batch_size=2", "train.grad_accum=5"]).train
+    assert [(train.accumulation(dp), train.global_batch(dp)) for dp in (1, 2, 4)] == [(4, 8), (2, 8), (1, 8)]
+    with pytest.raises(UsageError, match=r"train.global_batch_size=8 is not a multiple of train.micro_batch_size x"
+                                         r" dp = 2 x 3: pick a micro-batch size that divides it"):
+        train.accumulation(3)
+    plain = load_config(None, ["train.micro_batch_size=2", "train.grad_accum=5"]).train
+    assert [plain.global_batch(dp) for dp in (1, 3)] == [10, 30]  # unset: micro x accum x dp

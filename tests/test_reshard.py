@@ -3,17 +3,24 @@ step, the data position and the schedules carry over, so the losses after the re
 up to the order of the sums (the parity set's tolerance). A resume on the same layout stays bitwise
 (tests/test_resume.py)."""
 
+import json
 import signal
 import shutil
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
-from conftest import child_env, cli_command, run_cli, torchrun
+from conftest import NO_SLURM, child_env, cli_command, need, run_cli, slurm_available, torchrun
+from test_parallel import BF16_LOSS_RTOL
 from test_resume import manifest, scalars
 
 pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
 
 STEPS = 12
 CONFIG = ("model.num_layers=4", "model.hidden_size=32", "model.ffn_hidden_size=64", "model.num_heads=2",
@@ -34,15 +41,14 @@ def train(run_dir, layout, *extra, timeout=900):
     return run_cli(*args, launcher=launcher, timeout=timeout)
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def straight_and_stopped(tmp, *extra):
     """A straight 1-process run, and a tp2 × pp2 run stopped by SIGTERM (every rank, as Slurm's preemption
-    does) after its step-4 checkpoint: its stop checkpoint is the one each test resumes elsewhere."""
-    tmp = tmp_path_factory.mktemp("reshard")
-    proc = train(tmp / "straight", "tp1-pp1")
+    does) after its step-4 checkpoint: its stop checkpoint is the one the tests resume elsewhere."""
+    proc = train(tmp / "straight", "tp1-pp1", *extra)
     assert proc.returncode == 0, proc.stderr[-3000:]
     launcher, overrides = LAYOUTS["tp2-pp2"]
-    args = ["train", "--run-dir", str(tmp / "stopped"), *[a for o in CONFIG + overrides for a in ("--set", o)]]
+    args = ["train", "--run-dir", str(tmp / "stopped"),
+            *[a for o in CONFIG + overrides + extra for a in ("--set", o)]]
     with open(tmp / "stopped.log", "w") as log:
         proc = psutil.Popen(cli_command(*args, launcher=launcher), stdout=log, stderr=log, env=child_env(),
                             start_new_session=True)
@@ -54,19 +60,25 @@ def runs(tmp_path_factory):
             if worker.environ().get("RANK") is not None:
                 worker.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=600) == 0, (tmp / "stopped.log").read_text()[-3000:]
-    stopped = max(int(p.parent.name.removeprefix("global_step")) for p in (tmp / "stopped").glob("checkpoints/*/manifest.json"))
+    stopped = max(int(p.parent.name.removeprefix("global_step"))
+                  for p in (tmp / "stopped").glob("checkpoints/*/manifest.json"))
     assert 4 <= stopped < STEPS, "the run ended before it could be stopped"
     return tmp, stopped
 
 
-def assert_continues_the_straight_run(run_dir, straight, since):
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return straight_and_stopped(tmp_path_factory.mktemp("reshard"))
+
+
+def assert_continues_the_straight_run(run_dir, straight, since, rtol=RTOL):
     got, want = scalars(run_dir)["train/loss"], scalars(straight)["train/loss"]
     assert sorted(got) == list(range(STEPS))
     for step in range(since, STEPS):
-        assert got[step] == pytest.approx(want[step], rel=RTOL), step
+        assert got[step] == pytest.approx(want[step], rel=rtol), step
     assert scalars(run_dir)["train/samples"][STEPS - 1] == STEPS * 4  # the data position carried over
     valid = scalars(run_dir)["valid/loss"]
-    assert valid[STEPS] == pytest.approx(scalars(straight)["valid/loss"][STEPS], rel=RTOL)
+    assert valid[STEPS] == pytest.approx(scalars(straight)["valid/loss"][STEPS], rel=rtol)
 
 
 @pytest.mark.parametrize("layout", ["tp1-pp1", "pp4", "dp2-pp2"])
@@ -104,3 +116,64 @@ def test_what_cannot_work_is_refused_with_its_reason(runs, tmp_path):
         in proc.stderr
     proc = train(run, "tp1-pp1", "model.num_heads=4", timeout=300)
     assert proc.returncode != 0 and "holds a different model (model.num_heads: 2 -> 4)" in proc.stderr
+
+
+# tied embeddings (the head on the last stage shares the first stage's), a residual method with its own gains,
+# uneven stages, bf16 with ZeRO-1
+HARD = ("model.tie_embeddings=true", "model.norm_layout=layerscale", "model.layerscale_init=0.1",
+        "parallel.stage_layers=[1, 3]", "train.precision=bf16", "model.fp32_residual=false")
+
+
+def test_tied_layerscale_uneven_bf16_resumes_on_other_stages_and_dp(tmp_path_factory, tmp_path):
+    """Resumed on dp2 × pp2 split [3, 1]: the parity set's bf16 tolerance against one bf16 process (the layouts
+    round their partial sums to bf16 in different places)."""
+    tmp, stopped = straight_and_stopped(tmp_path_factory.mktemp("hard"), *HARD)
+    run = tmp_path / "run"
+    shutil.copytree(tmp / "stopped", run)
+    proc = train(run, "dp2-pp2", *HARD[:-3], "parallel.stage_layers=[3, 1]", *HARD[-2:])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"resuming step {stopped} from tp2 x pp2 x dp1 on tp1 x pp2 x dp2" in proc.stdout
+    assert_continues_the_straight_run(run, tmp / "straight", stopped, rtol=BF16_LOSS_RTOL)
+
+
+def test_a_requeued_slurm_job_resumes_on_the_nodes_it_comes_back_with(runs, tmp_path):
+    """slurm/train.sbatch on 1 node x 2 tasks with a fixed train.global_batch_size; SIGUSR1 -> save and
+    requeue; while it waits, the job is given 2 nodes (4 tasks): it resumes on dp 4, its accumulation
+    halved, and ends at the straight run's loss."""
+    need(slurm_available(), NO_SLURM)
+    tmp, _ = runs
+    args = [a for o in CONFIG + ("train.global_batch_size=4", "train.micro_batch_size=1") for a in ("--set", o)]
+    env = child_env(PRORES_PYTHON=sys.executable, PRORES_RUN_DIR=str(tmp_path / "run"))
+    sub = subprocess.run(["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0",
+                          "--cpus-per-task=1", "--overcommit", "--time=20", f"--chdir={ROOT}",
+                          f"--output={tmp_path}/job.out", str(ROOT / "slurm" / "train.sbatch"), *args],
+                         capture_output=True, text=True, env=env)
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.strip().split(";")[0]
+
+    def state():
+        info = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+        return dict(kv.split("=", 1) for kv in info.split() if "=" in kv)
+
+    try:
+        deadline = time.monotonic() + 600
+        while not manifest(tmp_path / "run", 4).exists():
+            assert time.monotonic() < deadline and state()["JobState"] in ("PENDING", "RUNNING"), state()
+            time.sleep(0.05)
+        subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
+        while state()["JobState"] != "PENDING" or state().get("Restarts") != "1":
+            assert time.monotonic() < deadline, state()
+            time.sleep(0.2)
+        subprocess.run(["scontrol", "update", f"JobId={job}", "NumNodes=2", "NumTasks=4"], check=True)
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now+2"], check=True)  # see test_resume
+        while state()["JobState"] in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING"):
+            assert time.monotonic() < deadline, state()
+            time.sleep(0.5)
+    finally:
+        subprocess.run(["scancel", job])
+    out = (tmp_path / "job.out").read_text()
+    assert state()["JobState"] == "COMPLETED", out[-3000:]
+    assert "(restart 1)" in out and "(dp 2 -> 4; RNG streams start afresh)" in out, out[-3000:]
+    final = json.loads((tmp_path / "run" / "summary.json").read_text())["final_valid_loss"]
+    want = json.loads((tmp / "straight" / "summary.json").read_text())["final_valid_loss"]
+    assert final == pytest.approx(want, rel=RTOL)

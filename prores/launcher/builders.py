@@ -85,10 +85,10 @@ def clips_itself(cfg) -> bool:
     return cfg.parallel.zero_stage == 0 and cfg.train.precision == "fp32"
 
 
-def deepspeed_config(cfg) -> dict:
+def deepspeed_config(cfg, dp: int) -> dict:
     return {
         "train_micro_batch_size_per_gpu": cfg.train.micro_batch_size,
-        "gradient_accumulation_steps": cfg.train.grad_accum,
+        "gradient_accumulation_steps": cfg.train.accumulation(dp),
         "gradient_clipping": 0.0 if clips_itself(cfg) else cfg.optim.clip_grad,
         "zero_optimization": {"stage": cfg.parallel.zero_stage},
         "bf16": {"enabled": cfg.train.precision == "bf16"},
@@ -133,5 +133,5 @@ def build_engine(cfg, module: torch.nn.Module, topo):
     optimizer = build_optimizer(cfg, module, topo)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler,
-                                           config=deepspeed_config(cfg))
+                                           config=deepspeed_config(cfg, topo.dp))
     return engine

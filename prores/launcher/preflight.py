@@ -64,19 +64,21 @@ def check_resumable(found: Found, cfg: Config, global_batch: int) -> None:
         if changed:
             raise UsageError(f"checkpoint {found.path} holds {what} ({'; '.join(changed)}); resume with the same"
                              f" {section}.* keys, or start a new --run-dir.")
-    was = (saved["train"]["steps"], saved["train"]["micro_batch_size"] * saved["train"]["grad_accum"]
-           * found.manifest["parallel"]["dp"])
+    was = (saved["train"]["steps"], saved["train"].get("global_batch_size") or saved["train"]["micro_batch_size"]
+           * saved["train"]["grad_accum"] * found.manifest["parallel"]["dp"])
     if was != (cfg.train.steps, global_batch):
         raise UsageError(
             f"checkpoint {found.path} belongs to a run of train.steps={was[0]} with global batches of {was[1]}"
             f" samples; this run has train.steps={cfg.train.steps} and {global_batch}. Megatron's sample order"
             " (shuffled over the epochs those samples span) and the learning-rate schedule depend on both:"
-            f" resume with train.steps={was[0]} and micro_batch_size x grad_accum x dp = {was[1]},"
+            f" resume with train.steps={was[0]} and micro_batch_size x grad_accum x dp = {was[1]}"
+            f" (or train.global_batch_size={was[1]}),"
             " or start a new --run-dir.")
 
 
 def check_run_dir(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, dp: int) -> Optional[Found]:
     """The checkpoint a resume starts from, if any."""
+    cfg.train.accumulation(dp)  # a global batch this world cannot split is bad input before anything runs
     checkpoints = Checkpoints(run_dir)
     if not resume:
         if checkpoints.exist() and not overwrite:
