@@ -48,9 +48,10 @@ class BareLoop:
 
     def step_once(self) -> None:
         self.prores.step(self.step)
-        for _ in range(self.cfg.train.grad_accum):
+        accum = self.cfg.train.accumulation(1)
+        for _ in range(accum):
             tokens, labels = next(self.data)
-            (lm_loss(self.model(tokens), labels) / self.cfg.train.grad_accum).backward()
+            (lm_loss(self.model(tokens), labels) / accum).backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.clip_grad)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

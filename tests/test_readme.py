@@ -55,6 +55,12 @@ def test_the_manual_quotes_the_chaos_benchmark_as_kept_in_docs():
     assert quoted.group(1).strip() == (ROOT / "docs" / "chaos.txt").read_text().strip()
 
 
+def test_the_manual_quotes_the_reshard_benchmark_as_kept_in_docs():
+    page = (ROOT / "docs" / "checkpoints.md").read_text()
+    quoted = re.search(r"python benchmarks/reshard.py > docs/reshard.txt\n```\n\n```text\n(.*?)```", page, re.S)
+    assert quoted and quoted.group(1).strip() == (ROOT / "docs" / "reshard.txt").read_text().strip()
+
+
 def paired(rows, depth, reference, treatment):
     """treatment − reference per seed over the completed seeds both have: (mean, sample std)."""
     loss = {(r["method"], r["seed"]): float(r["final_valid_loss"]) for r in rows

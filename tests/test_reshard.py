@@ -41,14 +41,14 @@ def train(run_dir, layout, *extra, timeout=900):
     return run_cli(*args, launcher=launcher, timeout=timeout)
 
 
-def straight_and_stopped(tmp, *extra):
+def straight_and_stopped(tmp, extra=(), stopped_extra=()):
     """A straight 1-process run, and a tp2 × pp2 run stopped by SIGTERM (every rank, as Slurm's preemption
     does) after its step-4 checkpoint: its stop checkpoint is the one the tests resume elsewhere."""
     proc = train(tmp / "straight", "tp1-pp1", *extra)
     assert proc.returncode == 0, proc.stderr[-3000:]
     launcher, overrides = LAYOUTS["tp2-pp2"]
     args = ["train", "--run-dir", str(tmp / "stopped"),
-            *[a for o in CONFIG + overrides + extra for a in ("--set", o)]]
+            *[a for o in CONFIG + overrides + extra + stopped_extra for a in ("--set", o)]]
     with open(tmp / "stopped.log", "w") as log:
         proc = psutil.Popen(cli_command(*args, launcher=launcher), stdout=log, stderr=log, env=child_env(),
                             start_new_session=True)
@@ -121,16 +121,16 @@ def test_what_cannot_work_is_refused_with_its_reason(runs, tmp_path):
 # tied embeddings (the head on the last stage shares the first stage's), a residual method with its own gains,
 # uneven stages, bf16 with ZeRO-1
 HARD = ("model.tie_embeddings=true", "model.norm_layout=layerscale", "model.layerscale_init=0.1",
-        "parallel.stage_layers=[1, 3]", "train.precision=bf16", "model.fp32_residual=false")
+        "train.precision=bf16", "model.fp32_residual=false")
 
 
 def test_tied_layerscale_uneven_bf16_resumes_on_other_stages_and_dp(tmp_path_factory, tmp_path):
     """Resumed on dp2 × pp2 split [3, 1]: the parity set's bf16 tolerance against one bf16 process (the layouts
     round their partial sums to bf16 in different places)."""
-    tmp, stopped = straight_and_stopped(tmp_path_factory.mktemp("hard"), *HARD)
+    tmp, stopped = straight_and_stopped(tmp_path_factory.mktemp("hard"), HARD, ("parallel.stage_layers=[1, 3]",))
     run = tmp_path / "run"
     shutil.copytree(tmp / "stopped", run)
-    proc = train(run, "dp2-pp2", *HARD[:-3], "parallel.stage_layers=[3, 1]", *HARD[-2:])
+    proc = train(run, "dp2-pp2", *HARD, "parallel.stage_layers=[3, 1]")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"resuming step {stopped} from tp2 x pp2 x dp1 on tp1 x pp2 x dp2" in proc.stdout
     assert_continues_the_straight_run(run, tmp / "straight", stopped, rtol=BF16_LOSS_RTOL)

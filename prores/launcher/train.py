@@ -62,7 +62,7 @@ class Trainer:
         self.data = build_data(cfg, self.run_dir, tokenizer, self.topo.dp_rank, self.topo.dp)
         model = build_model(cfg, self.topo, tokenizer.vocab_size, self.device)
         self.say(f"kernels.backend={cfg.kernels.backend}: using {model.backend} ({model.backend_reason})")
-        self.module, self.blocks, self.prores = model.module, model.blocks, model.prores
+        self.module, self.blocks, self.prores, self.backend = model.module, model.blocks, model.prores, model.backend
         self.engine = build_engine(cfg, self.module, self.topo)
         self.callbacks = build_callbacks(cfg) if callbacks is None else list(callbacks)
         self._call_before_updates()
