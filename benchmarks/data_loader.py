@@ -41,8 +41,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--config", default=None)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="config overrides, repeatable (the smoke test's tiny model)")
     args = parser.parse_args()
-    cfg = load_config(args.config, ("logging.progress_bar=false",))
+    cfg = load_config(args.config, ("logging.progress_bar=false", *args.set))
     trainer = Trainer(cfg, Path(tempfile.mkdtemp(prefix="prores-bench-")))
     trainer.train_step()  # warm-up (compilation)
     timed = trainer.data.train = Timed(trainer.data.train)

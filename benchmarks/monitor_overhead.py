@@ -34,10 +34,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--blocks", type=int, default=12)
     parser.add_argument("--config", default=None)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="config overrides, repeatable (the smoke test's tiny model)")
     args = parser.parse_args()
     cfg = load_config(args.config, ("logging.progress_bar=false", "train.steps=100000", "train.log_interval=1",
                                     f"train.eval_interval={INTERVAL}", "data.eval_samples=16",
-                                    f"logging.stats_interval={INTERVAL}"))
+                                    f"logging.stats_interval={INTERVAL}", *args.set))
     trainer = Trainer(cfg, Path(tempfile.mkdtemp(prefix="prores-bench-")))
     watching = tuple(callback_class(name) for name in MONITORS)
     every = list(trainer.callbacks)

@@ -26,11 +26,14 @@ from prores.parallel.rendezvous import own_world
 MB = 2**20
 
 
+EXTRA: list[str] = []  # --set overrides, last
+
+
 def train(run_dir: Path, width: int, procs: int, layout: tuple[str, ...], steps: int) -> subprocess.CompletedProcess:
     overrides = ("model.num_layers=8", f"model.hidden_size={width}", f"model.ffn_hidden_size={width * 2}",
                  "model.num_heads=4", "model.seq_length=64", "train.micro_batch_size=4", f"train.steps={steps}",
                  "checkpoint.interval=1", "checkpoint.keep_last=3", "train.eval_interval=100000",
-                 "data.eval_samples=16", "kernels.backend=eager", "logging.progress_bar=false", *layout)
+                 "data.eval_samples=16", "kernels.backend=eager", "logging.progress_bar=false", *layout, *EXTRA)
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}"]
                 if procs > 1 else ["/usr/bin/time", "-f", "peak-rss-kb %M", sys.executable])  # one: its peak RSS
     cmd = launcher + ["-m", "prores", "train", "--run-dir", str(run_dir)]
@@ -57,7 +60,10 @@ def resume(run_dir: Path, width: int) -> tuple[float, float | None]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--widths", type=int, nargs="+", default=[128, 256, 512])
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="config overrides, repeatable (the smoke test's tiny model)")
     args = parser.parse_args()
+    EXTRA.extend(args.set)
     print("width  parameters  checkpoint MB  fp32+Adam MB  reshard s  peak RSS MB: resharded  plain  extra  extra/ckpt")
     for width in args.widths:
         tmp = Path(tempfile.mkdtemp(prefix="prores-reshard-"))

@@ -4,16 +4,18 @@
 # OMP_NUM_THREADS = cores / 2, as `prores sweep --jobs 2` runs them; prints each depth's tokens/s, the
 # cost per token fitted linearly in depth, and the 72 cells' training time at --jobs 2. Then times
 # `prores eval` (the spec's two offline tasks, limit 50) on a 120-block checkpoint. About 5 minutes on
-# 2 cores; run it on a quiet machine.  Usage: bash benchmarks/study_time.sh [OUT_DIR]
+# 2 cores; run it on a quiet machine.  Usage: bash benchmarks/study_time.sh [OUT_DIR [--set KEY=VALUE ...]]
+# (the --set overrides go to every training, last: the smoke test's tiny model)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-$(mktemp -d)}"
+shift || true
 mkdir -p "$out"
 export OMP_NUM_THREADS=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
 for L in 12 48 120; do
   for s in 1 2; do
     prores train cpu-depth.yaml --set model.num_layers=$L --set train.steps=50 --set train.eval_interval=25 \
-      --set train.seed=$s --set checkpoint.interval=50 --run-dir "$out/L$L-s$s" > "$out/L$L-s$s.log" 2>&1 &
+      --set train.seed=$s --set checkpoint.interval=50 "$@" --run-dir "$out/L$L-s$s" > "$out/L$L-s$s.log" 2>&1 &
   done
   wait
 done

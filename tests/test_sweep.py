@@ -548,3 +548,27 @@ def test_the_horizon_study_is_the_depth_studys_leaders_at_four_times_the_steps()
     assert len(prores) == 6 and all(c.prores.T * c.model.num_layers <= 0.75 * c.train.steps for c in prores)
     assert {(c.model.num_layers, c.prores.T * c.model.num_layers / c.train.steps) for c in prores} == {
         (12, 0.12), (48, 0.48), (120, 0.6)}
+
+
+def test_the_runner_starts_the_longest_cells_first(local_sweep):
+    """Two jobs, four cells in grid order L002, L002, L003, L003: the two 3-block cells start first."""
+    _, _, sweep_dir, _ = local_sweep
+    start = {c.name: int(json.loads((sweep_dir / "state" / f"{c.name}.json").read_text())["start"])
+             for c in read_cells(sweep_dir)}  # the process's start, in clock ticks since boot
+    assert max(start["L003-linear-s1"], start["L003-none-s1"]) <= min(start["L002-linear-s1"], start["L002-none-s1"])
+
+
+def test_longest_first_orders_by_the_blocks_flops_times_the_tokens(tmp_path):
+    from prores.config import load_config
+    from prores.model.size import block_flops_per_token
+    from prores.study.runners import longest_first
+
+    _, cells = expand(spec(tmp_path, grid={"train.steps": [6, 30], "model.num_layers": [2, 6, 4]}),
+                      root=str(tmp_path / "runs"))
+    # cost ∝ blocks × steps at one width: 180, 120, 60, 36, 24, 12
+    assert [(c.grid["model.num_layers"], c.grid["train.steps"]) for c in longest_first(cells)] == [
+        (6, 30), (4, 30), (2, 30), (6, 6), (4, 6), (2, 6)]
+    m = load_config(None, ["model.hidden_size=32", "model.ffn_hidden_size=64", "model.num_heads=2",
+                           "model.seq_length=16", "model.mlp=swiglu", "model.norm=rmsnorm"]).model
+    matrices = 4 * 32 * 32 + 32 * 2 * 64 + 64 * 32  # QKV and out, fc1 (gate and up), fc2
+    assert block_flops_per_token(m) == 3 * (2 * (matrices + 2 * 32) + 2 * 2 * 16 * 32)  # + two norms' gains

@@ -54,6 +54,12 @@ def block_parameters(m, tp: int = 1) -> int:
     return (3 * h * h + h * h + h * fc1 + f * h) // tp + len(layout.norms) * _norm_params(m) + gains + qkv_norms
 
 
+def block_flops_per_token(m) -> int:
+    """A block's training FLOPs per token, forward and backward (3x the forward): 2 per weight of its
+    matrices, and 2·2·s·h for attention's scores and weighted sum (Megatron's and Kaplan et al.'s count)."""
+    return 3 * (2 * block_parameters(m) + 4 * m.seq_length * m.hidden_size)
+
+
 def embedding_parameters(m, vocab_size: int, tp: int = 1) -> int:
     """The word embedding (split over tp), learned positions, a method's norm on its output (Peri-LN), and
     DyT's scale of it."""

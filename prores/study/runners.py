@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Optional
 
 import prores
+from prores.config import load_config
 from prores.errors import UsageError
+from prores.model.size import block_flops_per_token
 from prores.parallel.rendezvous import own_world
 from prores.run.progress import Progress
 from prores.run.summary import read_summary
@@ -58,6 +60,17 @@ def to_start(sweep_dir: Path, cells: list[Cell]) -> list[Cell]:
         print(f"prores sweep: {len(alive)} cell{'s are' if len(alive) > 1 else ' is'} running already ({names});"
               f" {'they are' if len(alive) > 1 else 'it is'} not started again", flush=True)
     return [c for c in cells if c not in done and c not in alive]
+
+
+def longest_first(cells: list[Cell]) -> list[Cell]:
+    """The cells by their training cost, the dearest first (ties in grid order): with ``--jobs`` N the deep cells
+    do not end up last with cores idle beside them. The cost is the blocks' FLOPs (prores.model.size) times the
+    tokens a run trains on; the embedding and head, the same at every depth, are left out."""
+    def cost(cell: Cell) -> int:
+        cfg = load_config(cell.base, cell.overrides)
+        tokens = cfg.train.steps * cfg.train.global_batch(1) * cfg.model.seq_length
+        return cfg.model.num_layers * block_flops_per_token(cfg.model) * tokens
+    return sorted(cells, key=cost, reverse=True)
 
 
 class Unfailing:
@@ -125,7 +138,7 @@ def run_local(sweep_dir: Path, cells: list[Cell], jobs: int = 1) -> int:
     """0 when no cell failed (a diverged cell is a result, not a failure); 128 + the signal that stopped it.
     A cell that completes is evaluated next, as its own `prores eval` process, if the spec has ``eval``."""
     sys.stdout, sys.stderr = Unfailing(sys.stdout), Unfailing(sys.stderr)  # for the life of the runner
-    todo = to_start(sweep_dir, cells)
+    todo = longest_first(to_start(sweep_dir, cells))
     evals = [c for c in cells if c not in todo and needs_eval(c)]
     if evals:
         print(f"prores sweep: {len(evals)} completed cells still to evaluate (the spec's `eval`)", flush=True)

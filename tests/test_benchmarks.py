@@ -1,0 +1,67 @@
+"""Every script in benchmarks/ runs: one tiny run each, with its smallest arguments, that must end well and
+print its figures. A benchmark measures nothing here (its numbers come from a quiet machine); this only
+keeps a refactor from breaking one silently."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import child_env
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ("model.num_layers=2", "model.hidden_size=32", "model.ffn_hidden_size=64", "model.num_heads=2",
+        "model.seq_length=32", "train.micro_batch_size=2", "data.eval_samples=16", "kernels.backend=eager")
+SETS = [a for o in TINY for a in ("--set", o)]
+NUMBER = r"[\d.]+"
+
+# script -> (arguments, what its output must show)
+SMOKE = {
+    "data_loader.py": (["--steps", "2", *SETS], rf"step {NUMBER} ms, data {NUMBER} ms, data share"),
+    "fp32_residual.py": (["--layers", "4", "--T", "2", "--steps", "4"], r"survival|fp32"),
+    "fused_norm.py": (["--quick", "--reps", "1", "--gain"], r"GB/s|gain"),
+    "monitor_overhead.py": (["--blocks", "2", *SETS], rf"on / off = {NUMBER}|ratio"),
+    "overhead.py": (["--blocks", "2", "--steps", "2", *SETS], rf"prores / bare = {NUMBER}"),
+    "parallel_layouts.py": (["--steps", "2", "--layouts", "1,1,1", "1,1,2", "--micro-batches", "1", *SETS],
+                            rf"\(1,1,2\)\s+{NUMBER}\s+{NUMBER}x"),
+    "preprocess.py": (["--mb", "0.1"], rf"MB/s: 1 worker {NUMBER}, 2 workers {NUMBER}, ratio {NUMBER}"),
+    "reshard.py": (["--widths", "32", "--set", "model.num_heads=2", "--set", "model.seq_length=16"],
+                   rf"^\s+32\s+[\d,]+\s+{NUMBER}"),
+    "study_time.sh": (["{tmp}", "--set", "train.steps=2", *SETS[2:]], rf"cells train in {NUMBER} h with --jobs 2"),
+}
+# covered elsewhere: chaos.py by tests/test_chaos.py (its short run), memory.py by tests/test_plan.py (the
+# planner against it); gpu_check.sh needs a CUDA device, so here it must stop at once, saying so
+ELSEWHERE = {"chaos.py": "test_chaos.py", "memory.py": "test_plan.py", "gpu_check.sh": "this file"}
+
+
+def test_every_benchmark_has_a_smoke_test():
+    scripts = {p.name for p in (ROOT / "benchmarks").iterdir() if p.suffix in (".py", ".sh")}
+    assert scripts == set(SMOKE) | set(ELSEWHERE), scripts ^ (set(SMOKE) | set(ELSEWHERE))
+    for script, test in ELSEWHERE.items():
+        assert test == "this file" or f"benchmarks/{script}" in (ROOT / "tests" / test).read_text(), script
+
+
+@pytest.mark.parametrize("script", sorted(SMOKE))
+def test_the_benchmark_runs_and_prints_its_figures(script, tmp_path):
+    args, shows = SMOKE[script]
+    runner = ["bash"] if script.endswith(".sh") else [sys.executable]
+    proc = subprocess.run([*runner, str(ROOT / "benchmarks" / script), *[a.format(tmp=tmp_path) for a in args]],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=900,
+                          env=child_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert re.search(shows, proc.stdout, re.M), proc.stdout[-3000:]
+
+
+def test_the_gpu_check_stops_at_once_without_a_gpu(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: benchmarks/gpu_check.sh is the real thing, minutes long")
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(tmp_path)], capture_output=True,
+                          text=True, timeout=300, env=child_env())
+    assert proc.returncode != 0 and "no CUDA device" in proc.stderr
