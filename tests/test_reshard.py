@@ -164,7 +164,7 @@ def test_a_requeued_slurm_job_resumes_on_the_nodes_it_comes_back_with(runs, tmp_
         while state()["JobState"] != "PENDING" or state().get("Restarts") != "1":
             assert time.monotonic() < deadline, state()
             time.sleep(0.2)
-        subprocess.run(["scontrol", "update", f"JobId={job}", "NumNodes=2", "NumTasks=4"], check=True)
+        subprocess.run(["scontrol", "update", f"JobId={job}", "NumNodes=2-2", "NumTasks=4"], check=True)
         subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now+2"], check=True)  # see test_resume
         while state()["JobState"] in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING"):
             assert time.monotonic() < deadline, state()

@@ -6,14 +6,17 @@ colour scale with its colour bar; zeros and gaps are grey. The
 :class:`Heatmaps` callback refreshes ``heatmaps/act_rms``,
 ``heatmaps/grad_norm``, ``heatmaps/alpha`` and, for a method with learnable gains, ``heatmaps/gain``
 at every evaluation: the first
-rank gathers the stage writers' series over the pipeline group and writes the
-pictures as TensorBoard images.
+rank gathers the stage writers' series over the pipeline group and hands them to
+a :class:`Painter`, which draws and writes the pictures as TensorBoard images on a
+thread of its own, off the training step; the run's end waits for the last ones.
 """
 
 from __future__ import annotations
 
+import atexit
 import io
-from typing import Optional, Sequence
+import threading
+from typing import Callable, Optional, Sequence
 
 import numpy
 import torch.distributed as dist
@@ -59,7 +62,7 @@ def heatmap(values: numpy.ndarray, columns: Sequence[float], *, title: str, xlab
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(title)
     fig.colorbar(mesh, ax=ax, label=label)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.1, right=0.97, bottom=0.12, top=0.92)  # tight_layout measured every label: slow
     return fig
 
 
@@ -85,12 +88,55 @@ def series_matrix(series: dict[int, dict[int, float]], num_layers: int) -> tuple
     return matrix, steps
 
 
+class Painter:
+    """Draws pictures on a thread of its own and writes them: the training step only hands over the numbers.
+    Of the pictures of one tag still waiting, only the newest is drawn (each holds the whole history)."""
+
+    def __init__(self, writer):
+        self.writer, self.pending, self.closed = writer, {}, False
+        self.changed = threading.Condition()
+        self.thread = threading.Thread(target=self._draw, name="prores-heatmaps", daemon=True)
+        self.thread.start()
+        atexit.register(self.close)  # a process that ends without on_end must not end mid-picture
+
+    def submit(self, tag: str, draw: Callable[[], Figure], step: int) -> None:
+        with self.changed:
+            self.pending[tag] = (draw, step)
+            self.changed.notify()
+
+    def _draw(self) -> None:
+        while True:
+            with self.changed:
+                self.changed.wait_for(lambda: self.pending or self.closed)
+                if not self.pending:
+                    return
+                tag = next(iter(self.pending))
+                draw, step = self.pending.pop(tag)
+            self.writer.image(tag, rgb(draw()), step)
+
+    def close(self) -> None:
+        """Draw what is waiting, then stop (again: nothing)."""
+        with self.changed:
+            self.closed = True
+            self.changed.notify()
+        self.thread.join()
+
+
 class Heatmaps(Callback):
     name = "heatmaps"
 
     def __init__(self):
         self.series: dict[str, dict[int, dict[int, float]]] = {family: {} for family in FAMILIES.values()}
         self.sent: dict[str, int] = {}  # per family: the last step this rank has sent
+        self.painter: Optional[Painter] = None
+
+    def on_start(self, trainer) -> None:
+        if trainer.topo.rank == 0:
+            self.painter = Painter(trainer.writer)
+
+    def on_end(self, trainer, summary) -> None:
+        if self.painter is not None:
+            self.painter.close()
 
     def post_eval(self, trainer, step: int, metrics: dict) -> None:
         history = trainer.writer.history
@@ -113,8 +159,8 @@ class Heatmaps(Callback):
         for name, family in FAMILIES.items():
             if self.series[family]:
                 matrix, steps = series_matrix(self.series[family], trainer.cfg.model.num_layers)
-                fig = heatmap(matrix, steps, title=f"{family} (step {step})", xlabel="step", label=name)
-                trainer.writer.image(f"heatmaps/{name}", rgb(fig), step)
+                self.painter.submit(f"heatmaps/{name}", lambda m=matrix, s=steps, f=family, n=name: heatmap(
+                    m, s, title=f"{f} (step {step})", xlabel="step", label=n), step)
 
     def state_dict(self) -> dict:
         return {"series": self.series}
