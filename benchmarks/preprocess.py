@@ -34,6 +34,8 @@ def main() -> None:
                 line = json.dumps({"text": text}) + "\n"
                 fh.write(line)
                 written += len(line)
+                if written >= args.mb * 1e6:
+                    break
     rates = {}
     for workers in (1, 2):  # each a fresh `prores preprocess`, as a user runs it (a fork after torch's
         # thread pools started, in a process that already ran one arm, could deadlock its workers)
