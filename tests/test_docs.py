@@ -3,6 +3,7 @@ its reference pages are the registries', generated at build time."""
 
 import csv
 import html
+import re
 import json
 import os
 import statistics
@@ -151,3 +152,42 @@ def test_the_zoo_on_off_table_is_its_results_csv():
         assert off == f"{statistics.fmean(a for a, _ in pairs):.4f}" and on == f"{statistics.fmean(b for _, b in pairs):.4f}"
         assert diff == f"{mean:+.4f} ± {sd:.4f}" and seeds == str(len(pairs))
         assert verdict == ("within the seed spread" if abs(mean) <= 2 * sd else "helps" if mean < 0 else "hurts")
+
+
+def quoted_values(study: str) -> set[str]:
+    """Every figure the results pages may quote from a study's results.csv: each cell's mean and spread, each
+    run's loss, each paired difference (ProRes on − off; Pre-LN − Pre-LN + ProRes), at 2 to 4 decimals."""
+    rows = [r for r in csv.DictReader((ROOT / "docs" / f"{study}_results.csv").open()) if r["status"] == "completed"]
+    fields = list(rows[0])
+    grid = fields[:fields.index("name")]
+    numbers: list[float] = [float(r["final_valid_loss"]) for r in rows]
+    cells: dict[tuple, dict] = {}
+    for r in rows:
+        cells.setdefault(tuple(r[k] for k in grid), {})[r["seed"]] = float(r["final_valid_loss"])
+    for seeds in cells.values():
+        numbers.append(statistics.fmean(seeds.values()))
+        if len(seeds) > 1:
+            numbers.append(statistics.stdev(seeds.values()))
+    for key, seeds in cells.items():
+        for other_key, other in cells.items():  # pairs that differ in one grid value: on/off, method
+            if sum(a != b for a, b in zip(key, other_key)) == 1 and key[0] == other_key[0]:
+                d = [other[s] - seeds[s] for s in seeds if s in other]
+                if len(d) > 1:
+                    numbers += [statistics.fmean(d), statistics.stdev(d)]
+    out = set()
+    for x in numbers:
+        for digits in (2, 3, 4):
+            out |= {f"{x:.{digits}f}", f"{abs(x):.{digits}f}"}
+    return out
+
+
+@pytest.mark.parametrize("page, study", [("results/cpu-depth.md", "cpu_depth"), ("results/zoo.md", "cpu_zoo")])
+def test_the_in_short_paragraphs_quote_their_results_csv(page, study):
+    """Each figure of a page's "In short" paragraph (a number with two or more decimals) is one its results.csv
+    gives: a cell's mean or spread, a run's loss, or a paired difference computed here."""
+    text = (ROOT / "docs" / page).read_text()
+    paragraph = text.split("**In short.**", 1)[1].split("\n\n", 1)[0]
+    figures = re.findall(r"\d+\.\d{2,}", paragraph)
+    assert len(figures) >= 8, figures
+    allowed = quoted_values(study)
+    assert [f for f in figures if f not in allowed] == [], "not in " + study + "_results.csv"
