@@ -67,6 +67,16 @@ def test_the_comparison_of_two_studies_by_hand(studies):
     assert "Only short" not in text  # a method only one study ran is not compared
 
 
+def test_runs_not_finished_yet_are_left_out_not_failed(studies):
+    short, long = studies
+    with open(long, "a") as fh:  # a long study still running: Pre-LN's third seed, and a method not started
+        fh.write("48,Pre-LN,L48-Pre-LN-s3,3,running,,\n12,Only short,L12-Only-s1,1,pending,,\n")
+    text = compare(short, long)
+    assert f"**In progress**: 2 runs of {long} not finished yet (pending, running or stopped) left out." in text
+    assert "| 48 | Pre-LN | failed | 3 | 2.1000 | 2 |" in text.splitlines()  # the running seed is not a failure
+    assert "Only short" not in text
+
+
 def test_prores_compare_on_the_command_line(studies, tmp_path):
     proc = run_cli("compare", *map(str, studies), timeout=120)
     assert proc.returncode == 0 and proc.stdout == compare(*studies), proc.stderr

@@ -27,8 +27,12 @@ from prores.study.runs import DEPTH
 METHOD = "method"
 
 
-def read_results(target: Path) -> tuple[dict, int]:
-    """``{(depth, method): {seed: loss}}`` (inf for a run that did not complete) and the study's steps."""
+FINISHED = ("completed", "diverged", "failed")
+
+
+def read_results(target: Path) -> tuple[dict, int, int]:
+    """``{(depth, method): {seed: loss}}`` (inf for a run that diverged or failed), the study's steps, and how many
+    runs it has that have not finished (pending, running, stopped): those are left out, not counted as failed."""
     path = target / "results.csv" if target.is_dir() else target
     if not path.is_file():
         raise UsageError(f"{target}: no results.csv; run `prores report {target}` first (or give its results.csv).")
@@ -37,9 +41,12 @@ def read_results(target: Path) -> tuple[dict, int]:
         raise UsageError(f"{path}: needs the columns {DEPTH} and {METHOD} (a sweep whose grid has both).")
     out: dict = {}
     for r in rows:
+        if r["status"] not in FINISHED:
+            continue
         loss = float(r["final_valid_loss"]) if r["status"] == "completed" and r["final_valid_loss"] else math.inf
         out.setdefault((int(r[DEPTH]), r[METHOD]), {})[r["seed"]] = loss
-    return out, max(int(r["steps"]) for r in rows if r["steps"])
+    unfinished = sum(r["status"] not in FINISHED for r in rows)
+    return out, max(int(r["steps"]) for r in rows if r["steps"]), unfinished
 
 
 def kendall_tau(a: list[float], b: list[float]) -> float:
@@ -84,9 +91,11 @@ def _diff(d) -> str:
 
 def compare(short: Path, long: Path, reference: str = "Pre-LN", treatment: str = "Pre-LN + ProRes") -> str:
     """The comparison as Markdown."""
-    (a, a_steps), (b, b_steps) = read_results(short), read_results(long)
-    lines = [f"# {short} ({a_steps} steps) against {long} ({b_steps} steps)", "",
-             "Final validation loss, mean over seeds; rank 1 is the lowest at that length.", "",
+    (a, a_steps, a_open), (b, b_steps, b_open) = read_results(short), read_results(long)
+    lines = [f"# {short} ({a_steps} steps) against {long} ({b_steps} steps)", ""]
+    lines += [f"**In progress**: {n} run{'s' if n > 1 else ''} of {t} not finished yet (pending, running or stopped)"
+              " left out." for n, t in ((a_open, short), (b_open, long)) if n] + ([""] if a_open or b_open else [])
+    lines += ["Final validation loss, mean over seeds; rank 1 is the lowest at that length.", "",
              f"| {DEPTH} | method | {a_steps} steps | rank | {b_steps} steps | rank |", "|---|---|---|---|---|---|"]
     taus = []
     for depth in sorted({d for d, _ in a} & {d for d, _ in b}):
