@@ -32,6 +32,8 @@ SMOKE = {
     "preprocess.py": (["--mb", "0.1"], rf"MB/s: 1 worker {NUMBER}, 2 workers {NUMBER}, ratio {NUMBER}"),
     "reshard.py": (["--widths", "32", "--set", "model.num_heads=2", "--set", "model.seq_length=16"],
                    rf"^\s+32\s+[\d,]+\s+{NUMBER}"),
+    "roofline.py": (["--widths", "32", "--depths", "2", "--steps", "2", "--reps", "2", *SETS],
+                    rf"^\s+2\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}%"),
     "study_time.sh": (["{tmp}", "--set", "train.steps=2", *SETS[2:]], rf"cells train in {NUMBER} h with --jobs 2"),
 }
 # covered elsewhere: chaos.py by tests/test_chaos.py (its short run), memory.py by tests/test_plan.py (the
