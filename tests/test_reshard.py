@@ -6,8 +6,6 @@ up to the order of the sums (the parity set's tolerance). A resume on the same l
 import json
 import signal
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,7 +14,7 @@ import pytest
 
 from conftest import NO_SLURM, child_env, cli_command, need, run_cli, slurm_available, torchrun
 from test_parallel import BF16_LOSS_RTOL
-from test_resume import manifest, scalars
+from test_resume import manifest, preempted_sbatch_job, scalars
 
 pytestmark = pytest.mark.slow
 
@@ -143,36 +141,8 @@ def test_a_requeued_slurm_job_resumes_on_the_nodes_it_comes_back_with(runs, tmp_
     need(slurm_available(), NO_SLURM)
     tmp, _ = runs
     args = [a for o in CONFIG + ("train.global_batch_size=4", "train.micro_batch_size=1") for a in ("--set", o)]
-    env = child_env(PRORES_PYTHON=sys.executable, PRORES_RUN_DIR=str(tmp_path / "run"))
-    sub = subprocess.run(["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0",
-                          "--cpus-per-task=1", "--overcommit", "--time=20", f"--chdir={ROOT}",
-                          f"--output={tmp_path}/job.out", str(ROOT / "slurm" / "train.sbatch"), *args],
-                         capture_output=True, text=True, env=env)
-    assert sub.returncode == 0, sub.stderr
-    job = sub.stdout.strip().split(";")[0]
-
-    def state():
-        info = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
-        return dict(kv.split("=", 1) for kv in info.split() if "=" in kv)
-
-    try:
-        deadline = time.monotonic() + 600
-        while not manifest(tmp_path / "run", 4).exists():
-            assert time.monotonic() < deadline and state()["JobState"] in ("PENDING", "RUNNING"), state()
-            time.sleep(0.05)
-        subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
-        while state()["JobState"] != "PENDING" or state().get("Restarts") != "1":
-            assert time.monotonic() < deadline, state()
-            time.sleep(0.2)
-        subprocess.run(["scontrol", "update", f"JobId={job}", "NumNodes=2-2", "NumTasks=4"], check=True)
-        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now+2"], check=True)  # see test_resume
-        while state()["JobState"] in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING"):
-            assert time.monotonic() < deadline, state()
-            time.sleep(0.5)
-    finally:
-        subprocess.run(["scancel", job])
-    out = (tmp_path / "job.out").read_text()
-    assert state()["JobState"] == "COMPLETED", out[-3000:]
+    out, _ = preempted_sbatch_job(tmp_path, ["--nodes=1", "--ntasks-per-node=2"], args, checkpoint_step=4,
+                                  while_requeued=("NumNodes=2-2", "NumTasks=4"))
     assert "(restart 1)" in out and "(dp 2 -> 4; RNG streams start afresh)" in out, out[-3000:]
     final = json.loads((tmp_path / "run" / "summary.json").read_text())["final_valid_loss"]
     want = json.loads((tmp / "straight" / "summary.json").read_text())["final_valid_loss"]

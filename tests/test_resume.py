@@ -262,13 +262,13 @@ def test_retention_keeps_the_steps_named(tmp_path):
     assert kept == ["global_step10", "global_step2", "global_step6"]
 
 
-def test_sbatch_preemption_checkpoints_requeues_and_finishes(request, tmp_path):
-    """slurm/train.sbatch with 2 tasks (tp=2); SIGUSR1 to the batch shell -> save, requeue, resume, finish."""
-    need(slurm_available(), NO_SLURM)
-    straight = request.getfixturevalue("straight")  # only once Slurm is known to answer
-    args = train_args("IGNORED", "parallel.tp=2", "checkpoint.interval=5")[3:]  # the --set pairs
+def preempted_sbatch_job(tmp_path, resources: list[str], args: list[str], checkpoint_step: int,
+                         while_requeued: tuple[str, ...] = ()) -> tuple[str, str]:
+    """slurm/train.sbatch with ``resources`` and the prores ``args``, run directory ``tmp_path/run``: SIGUSR1 to
+    its batch shell after the ``checkpoint_step`` checkpoint; once requeued, ``scontrol update`` of
+    ``while_requeued`` (e.g. other nodes); then it runs to the end, which must be COMPLETED. (job.out, job id)."""
     env = child_env(PRORES_PYTHON=sys.executable, PRORES_RUN_DIR=str(tmp_path / "run"))
-    sub = subprocess.run(["sbatch", "--parsable", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1",
+    sub = subprocess.run(["sbatch", "--parsable", *resources, "--gpus-per-node=0", "--cpus-per-task=1",
                           "--overcommit", "--time=20", f"--chdir={ROOT}", f"--output={tmp_path}/job.out",
                           str(ROOT / "slurm" / "train.sbatch"), *args], capture_output=True, text=True, env=env)
     assert sub.returncode == 0, sub.stderr
@@ -280,13 +280,15 @@ def test_sbatch_preemption_checkpoints_requeues_and_finishes(request, tmp_path):
 
     try:
         deadline = time.monotonic() + 600
-        while not manifest(tmp_path / "run", 5).exists():
+        while not manifest(tmp_path / "run", checkpoint_step).exists():
             assert time.monotonic() < deadline and state()["JobState"] in ("PENDING", "RUNNING"), state()
             time.sleep(0.05)
         subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
         while state()["JobState"] != "PENDING" or state().get("Restarts") != "1":
             assert time.monotonic() < deadline, state()
             time.sleep(0.2)
+        if while_requeued:
+            subprocess.run(["scontrol", "update", f"JobId={job}", *while_requeued], check=True)
         # Slurm holds a requeued job back (~2 min) so that it never starts in the second its old
         # credential was revoked (slurmd compares whole seconds: "Job credential revoked", FAILED).
         # Skip most of that wait, not all of it.
@@ -298,6 +300,15 @@ def test_sbatch_preemption_checkpoints_requeues_and_finishes(request, tmp_path):
         subprocess.run(["scancel", job])
     out = (tmp_path / "job.out").read_text()
     assert state()["JobState"] == "COMPLETED", out[-3000:]
+    return out, job
+
+
+def test_sbatch_preemption_checkpoints_requeues_and_finishes(request, tmp_path):
+    """slurm/train.sbatch with 2 tasks (tp=2); SIGUSR1 to the batch shell -> save, requeue, resume, finish."""
+    need(slurm_available(), NO_SLURM)
+    straight = request.getfixturevalue("straight")  # only once Slurm is known to answer
+    args = train_args("IGNORED", "parallel.tp=2", "checkpoint.interval=5")[3:]  # the --set pairs
+    out, job = preempted_sbatch_job(tmp_path, ["--ntasks-per-node=2"], args, checkpoint_step=5)
     assert "stop signal (SIGUSR1): stopping after step" in out and f"requeued Slurm job {job}" in out
     assert "resuming from step" in out and "(restart 1)" in out
     final = json.loads((tmp_path / "run" / "summary.json").read_text())["final_valid_loss"]
