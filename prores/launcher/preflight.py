@@ -13,11 +13,11 @@ finds stops every rank at once, with that rank's message.
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional, TypeVar
 
-from prores.config import Config
+from prores.config import Config, TrainConfig
 from prores.data.sources import check_sources, resolve_sources
 from prores.data.tokenizers import load_tokenizer
 from prores.errors import UsageError
@@ -64,8 +64,9 @@ def check_resumable(found: Found, cfg: Config, global_batch: int) -> None:
         if changed:
             raise UsageError(f"checkpoint {found.path} holds {what} ({'; '.join(changed)}); resume with the same"
                              f" {section}.* keys, or start a new --run-dir.")
-    was = (saved["train"]["steps"], saved["train"].get("global_batch_size") or saved["train"]["micro_batch_size"]
-           * saved["train"]["grad_accum"] * found.manifest["parallel"]["dp"])
+    known = {k: v for k, v in saved["train"].items() if k in TrainConfig.__dataclass_fields__}
+    saved_train = replace(TrainConfig(), **known)  # its global batch by the one formula
+    was = (saved_train.steps, saved_train.global_batch(found.manifest["parallel"]["dp"]))
     if was != (cfg.train.steps, global_batch):
         raise UsageError(
             f"checkpoint {found.path} belongs to a run of train.steps={was[0]} with global batches of {was[1]}"
