@@ -48,14 +48,18 @@ def N(W, name, v, kind):
 
 
 def qkv_normed_attention(y, W, kind):
-    """HybridNorm's attention: Q, K, V each normed over its head's features (one affine for all heads), Q and K
-    before the rotary embedding."""
+    """HybridNorm's attention (OLMo2's q_norm/k_norm, its v_norm alike): Q, K, V each normed over the whole
+    projection, all heads at once (one affine of width h), then split into heads; Q and K before the rotary
+    embedding."""
     s, b, h = y.shape
     d = h // HEADS
-    qkv = (y @ W["self_attention.linear_qkv.weight"].T).view(s, b, HEADS, 3, d)
-    q = rotate(N(W, "self_attention.q_layernorm", qkv[..., 0, :], kind))
-    k = rotate(N(W, "self_attention.k_layernorm", qkv[..., 1, :], kind))
-    v = N(W, "self_attention.core_attention.v_norm", qkv[..., 2, :], kind)
+    qkv = (y @ W["self_attention.linear_qkv.weight"].T).view(s, b, HEADS, 3, d)  # Megatron's rows: [head, qkv, d]
+
+    def normed(i, name):
+        return N(W, name, qkv[..., i, :].reshape(s, b, h), kind).view(s, b, HEADS, d)
+    q = rotate(normed(0, "self_attention.q_layernorm"))
+    k = rotate(normed(1, "self_attention.k_layernorm"))
+    v = normed(2, "self_attention.core_attention.v_norm")
     scores = torch.einsum("sbnd,tbnd->bnst", q, k) / math.sqrt(d)
     scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
     out = torch.einsum("bnst,tbnd->sbnd", scores.softmax(-1), v).reshape(s, b, h)
@@ -91,7 +95,7 @@ def reference(layout, kind, x, W, a, layer=LAYER, mixln_ratio=0.25):
 
 
 CASES = [("layerscale", "rmsnorm"), ("rezero", "rmsnorm"), ("admin", "layernorm"), ("periln", "rmsnorm"),
-         ("hybridnorm", "rmsnorm"), ("hybridnorm", "layernorm"), ("pre", "dyt"), ("post", "dyt"),
+         ("hybridnorm", "rmsnorm"), ("hybridnorm", "layernorm"), ("hybridnorm", "dyt"), ("pre", "dyt"), ("post", "dyt"),
          ("layerscale", "dyt")]
 
 

@@ -90,7 +90,8 @@ LAYOUTS = {
 }
 # The baseline zoo on the machine, each against one process of its own: a per-channel gain (LayerScale),
 # a layout that changes with the global block index inside stage 1 (Mix-LN, Post-LN in blocks 1-4), DyT,
-# and depth-µP's parameter groups (the blocks' learning rate and eps rescaled) under ZeRO-1 over dp=2.
+# HybridNorm's norms across the tp ranks, and depth-µP's parameter groups (the blocks' learning rate and eps
+# rescaled) under ZeRO-1 over dp=2.
 ZOO = {
     "layerscale": (("model.norm_layout=layerscale", "model.layerscale_init=0.1"), [("tp2pp2", torchrun(4))]),
     "mixln": (("model.norm_layout=mixln", "model.mixln_ratio=0.67"), [("tp2pp2", torchrun(4))]),
@@ -99,6 +100,8 @@ ZOO = {
     # 1/√64 every gain moves by ≥ 5e-4 (~10⁴ ulps) in the 10 steps.
     "dyt": (("model.norm=dyt", "model.init_std=0.125"), [("tp2pp2", torchrun(4))]),
     "depthmup": (("model.depth_mup_alpha=1.0", "model.depth_mup_base=2"), [("dp2", torchrun(2))]),
+    # HybridNorm's Q, K, V norms span the projection, whose heads tp splits: mean and variance summed over tp
+    "hybridnorm": (("model.norm_layout=hybridnorm", "model.norm=layernorm"), [("tp2pp2", torchrun(4))]),
 }
 for method, (overrides, layouts) in ZOO.items():
     LAYOUTS[f"1x1x1-{method}"] = (None, overrides)

@@ -18,9 +18,12 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.nn.functional import all_reduce
 
+from megatron.core.parallel_state import get_tensor_model_parallel_group, get_tensor_model_parallel_world_size
 from megatron.core.tensor_parallel import (ColumnParallelLinear, RowParallelLinear,
-                                           copy_to_tensor_model_parallel_region)
+                                           copy_to_tensor_model_parallel_region,
+                                           set_tensor_model_parallel_attributes)
 from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.mlp import MLP, MLPSubmodules
@@ -28,31 +31,52 @@ from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from prores.model import fused
+from prores.model.kernels import reference
 from prores.model.norm import Norm
 
 
-class HeadNorm(Norm):
-    """A norm over each head's features, as Megatron builds ``q_layernorm``/``k_layernorm`` (HybridNorm's
-    QKV norm). Its weights are shared by the heads, which tensor parallelism splits over ranks: each rank's
-    gradient covers its own heads, so the weights pass through Megatron's copy-to-tensor-parallel region,
-    whose backward sums them over the ranks (the one-process gradient; an identity at tp = 1)."""
+class ProjectionNorm(Norm):
+    """HybridNorm's norm of a whole Q, K or V projection, all heads at once, as OLMo's ``q_norm``/``k_norm``
+    (one weight of the projection's width) on which the HybridNorm reference builds. Megatron hands it this
+    rank's heads as [s, b, heads, head_dim]; under tensor parallelism a rank holds its heads' share of the
+    weight (partitioned like the projection's rows), and the statistics are summed over the tp group."""
 
     def __init__(self, hidden_size: int, config: TransformerConfig = None, eps: float = 1e-5, *, kind: str,
                  dyt_init: float = 0.5):
-        super().__init__(kind, hidden_size, eps, dyt_init=dyt_init)
-
-    def affine(self):
-        weight, bias = super().affine()
-        return (copy_to_tensor_model_parallel_region(weight),
-                None if bias is None else copy_to_tensor_model_parallel_region(bias))
+        # Megatron passes the head's size; the norm spans the projection, split over tp like its heads
+        self.width = config.num_attention_heads * config.kv_channels
+        self.tp = get_tensor_model_parallel_world_size()
+        super().__init__(kind, self.width // self.tp, eps, dyt_init=dyt_init)
+        for p in (self.weight, self.bias):
+            if p is not None:
+                set_tensor_model_parallel_attributes(p, is_parallel=True, dim=0, stride=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fused.ops("eager").norm(x, self)
+        flat = x.reshape(*x.shape[:-2], -1)
+        if self.kind == "dyt":  # elementwise but for its scalar, which every rank's slice shares
+            alpha = copy_to_tensor_model_parallel_region(self.alpha) if self.tp > 1 else self.alpha
+            out = reference.dyt(flat, alpha, self.weight)
+        elif self.tp == 1:
+            out = fused.ops("eager").norm(flat, self)
+        else:
+            out = self._split_norm(flat)
+        return out.view(x.shape)
+
+    def _split_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The norm over the projection whose features lie on the tp ranks: sums all-reduced, and all-reduced
+        again in the backward pass (every rank's output depends on every rank's input)."""
+        group = get_tensor_model_parallel_group()
+        h = reference.up(x)
+        if self.kind == "layernorm":
+            h = h - all_reduce(h.sum(-1, keepdim=True), group=group) / self.width
+        rstd = torch.rsqrt(all_reduce(h.square().sum(-1, keepdim=True), group=group) / self.width + self.eps)
+        out = h * rstd * reference.up(self.weight)
+        return (out if self.bias is None else out + reference.up(self.bias)).to(x.dtype)
 
 
 class SDPACoreAttention(nn.Module):
     """Causal attention on [s, b, heads, head_dim] tensors; returns [s, b, heads·head_dim]. ``v_norm``
-    (HybridNorm): a per-head norm of V, as Megatron's ``q_layernorm`` is of Q."""
+    (HybridNorm): the norm of V, as Megatron's ``q_layernorm`` is of Q."""
 
     def __init__(self, *, config: TransformerConfig, layer_number: int, attn_mask_type, attention_type,
                  cp_comm_type=None, softmax_scale=None, pg_collection=None, attention_dropout=None,
@@ -85,11 +109,11 @@ def rope_table(seq_length: int, head_dim: int, base: float, device: torch.device
 
 
 def attention_spec(model_cfg, qkv_norm: bool = False) -> ModuleSpec:
-    """Megatron's SelfAttention with our core attention; ``qkv_norm``: Q, K and V each normed per head."""
+    """Megatron's SelfAttention with our core attention; ``qkv_norm``: Q, K and V each normed whole."""
     core = SDPACoreAttention
     norm = None
     if qkv_norm:
-        norm = ModuleSpec(module=HeadNorm, params={"kind": model_cfg.norm, "dyt_init": model_cfg.dyt_init})
+        norm = ModuleSpec(module=ProjectionNorm, params={"kind": model_cfg.norm, "dyt_init": model_cfg.dyt_init})
         core = ModuleSpec(module=SDPACoreAttention, params={"v_norm": norm})
     return ModuleSpec(
         module=SelfAttention,

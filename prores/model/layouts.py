@@ -102,7 +102,7 @@ class Layout:
     skip_scale: Callable[[int], float] = lambda L: 1.0  # c, from the number of blocks
     norm_out_scale: Callable[[int], float] = lambda l: 1.0  # from the global block index
     embedding_norm: bool = False  # a norm on the embedding's output
-    qkv_norm: bool = False  # norms on Q, K and V inside the attention (per head)
+    qkv_norm: bool = False  # norms on Q, K and V inside the attention (each whole projection)
     embedding_scale: bool = False  # the embedding's output times √h: nothing else sets the stream's scale
 
 
@@ -141,7 +141,7 @@ LAYOUTS: dict[str, Layout] = {
                embedding_norm=True, doc="sandwich (x + a·Norm(F(Norm(x)))) with the embedding's output normed",
                source="Kim et al. 2025, arXiv 2502.02732; OLMo-core PeriNormTransformerBlock"),
         Layout("hybridnorm", _hybridnorm, ("norm2",), final_norm=True, qkv_norm=True,
-               doc="x' = x + a·Attn(x) with Q, K, V each normed (per head); y = Norm(x') + a·FFN(Norm(x'))",
+               doc="x' = x + a·Attn(x) with Q, K, V each normed (whole projection); y = Norm(x') + a·FFN(Norm(x'))",
                source="Zhuo et al. 2025, arXiv 2503.04598; BryceZhuo/HybridNorm (OLMo2 config: QKV norm, no"
                       " attention norm, FFN residual after its norm)"),
     )

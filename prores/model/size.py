@@ -45,12 +45,12 @@ def _norm_params(m, width: int = 0) -> int:
 
 def block_parameters(m, tp: int = 1) -> int:
     """The matrices (split over tp), and what the residual method adds, replicated: its norms, its gains and
-    (HybridNorm) the per-head Q, K and V norms."""
+    (HybridNorm) the Q, K and V norms, split over tp like the projections."""
     h, f = m.hidden_size, m.ffn_hidden_size
     fc1 = 2 * f if m.mlp == "swiglu" else f
     layout = LAYOUTS[m.norm_layout]
     gains = sum(h if g.per_channel else 1 for g in layout.gains)
-    qkv_norms = 3 * _norm_params(m, h // m.num_heads) if layout.qkv_norm else 0
+    qkv_norms = 3 * _norm_params(m, h // tp) if layout.qkv_norm else 0
     return (3 * h * h + h * h + h * fc1 + f * h) // tp + len(layout.norms) * _norm_params(m) + gains + qkv_norms
 
 
@@ -125,18 +125,18 @@ def block_activations(m, shape: Shape, tp: int = 1, backend: str = "eager") -> i
                   + gained * h * e)  # a branch's output, for its gain's gradient
     rope = 2 * h if m.position == "rope" else 0
     if layout.qkv_norm:  # the norms keep QKV's output; SDPA keeps the normed V (and RoPE's Q and K)
-        qkv = 3 * _norm_activations(m, "eager", e, h, a) + h * e
+        qkv = 3 * _norm_activations(m, "eager", e) + h * e
     else:  # SDPA keeps QKV's output whole
         qkv = 3 * h * e
     split = (qkv + (rope + h + (5 if m.mlp == "swiglu" else 2) * f) * e) // tp + a // tp * FP32  # + the LSE
     rope_tables = 4 * shape.seq * (h // a) * e if m.position == "rope" else 0  # cos and sin, for Q and K
     # a norm whose gain is not the parameter itself keeps that copy: scaled by LNS, or (eager, compiled,
-    # DyT everywhere) cast to fp32; the per-head Q, K and V norms always run eager
+    # DyT everywhere) cast to fp32; the Q, K and V norms always run eager
     scaled = layout.norm_out_scale(2) != 1.0
     copies = e != FP32 and (backend != "triton" or m.norm == "dyt")
     gain_copies = norms * _kept_affine(m, h) * (FP32 if copies else e) if copies or scaled else 0
     if layout.qkv_norm and e != FP32:
-        gain_copies += 3 * _kept_affine(m, h // a) * FP32
+        gain_copies += 3 * _kept_affine(m, h // tp) * FP32
     return shape.seq * shape.batch * (replicated + split) + rope_tables + gain_copies
 
 

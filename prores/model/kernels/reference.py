@@ -23,13 +23,13 @@ import torch.nn.functional as F
 Tensor = torch.Tensor
 
 
-def _up(t: Tensor) -> Tensor:
+def up(t: Tensor) -> Tensor:
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
 def _norm_up(h: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float, rms: bool) -> Tensor:
-    w = _up(weight).to(h.dtype)
-    b = None if bias is None else _up(bias).to(h.dtype)
+    w = up(weight).to(h.dtype)
+    b = None if bias is None else up(bias).to(h.dtype)
     if not rms:
         return F.layer_norm(h, w.shape, w, b, eps)
     y = F.rms_norm(h, w.shape, w, eps)
@@ -37,7 +37,7 @@ def _norm_up(h: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float, rms:
 
 
 def norm(x: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float, rms: bool) -> Tensor:
-    return _norm_up(_up(x), weight, bias, eps, rms).to(x.dtype)
+    return _norm_up(up(x), weight, bias, eps, rms).to(x.dtype)
 
 
 def add(x: Tensor, f: Tensor, alpha: Optional[Tensor], gain: Optional[Tensor] = None) -> Tensor:
@@ -50,10 +50,10 @@ def add_norm(x: Tensor, f: Tensor, alpha: Optional[Tensor], weight: Tensor, bias
              rms: bool, gain: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     if gain is not None:
         f = gain * f
-    h = add(_up(x), _up(f), alpha)
+    h = add(up(x), up(f), alpha)
     return h.to(x.dtype), _norm_up(h, weight, bias, eps, rms).to(x.dtype)
 
 
 def dyt(x: Tensor, alpha: Tensor, weight: Tensor) -> Tensor:
     """Dynamic Tanh, weight⊙tanh(alpha·x) (Zhu et al. 2025, as in its LLaMA runs), in fp32 arithmetic."""
-    return (_up(weight) * torch.tanh(_up(alpha) * _up(x))).to(x.dtype)
+    return (up(weight) * torch.tanh(up(alpha) * up(x))).to(x.dtype)
