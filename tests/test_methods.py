@@ -9,7 +9,6 @@ import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from prores.config import ModelConfig, load_config
 from prores.launcher.builders import param_groups
