@@ -38,8 +38,10 @@ class ConfigError(UsageError):
     """A bad config value. The message alone tells the user what to change."""
 
 
-def _key(default, help: str, *, choices=None, minimum=None, above=None):
-    meta = {"choices": choices, "minimum": minimum, "above": above, "help": help}
+def _key(default, help: str, *, choices=None, minimum=None, above=None, operational=False):
+    """A config key. ``operational``: it changes how a run is watched, saved or guarded, never what it
+    computes, so two runs that differ only in such keys train the same numbers (the report pairs them)."""
+    meta = {"choices": choices, "minimum": minimum, "above": above, "help": help, "operational": operational}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
     return field(default=default, metadata=meta)
@@ -130,7 +132,8 @@ class TrainConfig:
                                      " (micro x dp), so a job that comes back on more or fewer nodes resumes"
                                      " (Megatron's --global-batch-size); 0: micro x accum x dp", minimum=0)
     seed: int = _key(1234, "weights, data order and dropout", minimum=0)
-    log_interval: int = _key(10, "steps between logged training scalars (and progress lines)", minimum=1)
+    log_interval: int = _key(10, "steps between logged training scalars (and progress lines)", minimum=1,
+                             operational=True)
     eval_interval: int = _key(100, "steps between evaluations (and one at the end)", minimum=1)
     precision: str = _key("fp32", "parameters and compute", choices=("fp32", "bf16"))
     on_nonfinite: str = _key("stop", "a step with a non-finite loss or grad norm (its update is dropped): stop"
@@ -139,14 +142,16 @@ class TrainConfig:
                             minimum=0)
     hang_timeout: float = _key(600.0, "seconds a rank may go without finishing a step before it counts the run"
                                       " hung: it writes its stacks to RUN/hangs/ and exits 124; 0: no watchdog",
-                               minimum=0.0)
+                               minimum=0.0, operational=True)
     hang_timeout_first_step: float = _key(1800.0, "the same bound for the first step (start-up, compilation)",
-                                          minimum=0.0)
-    hang_timeout_eval: float = _key(1800.0, "the same bound for an evaluation", minimum=0.0)
+                                          minimum=0.0, operational=True)
+    hang_timeout_eval: float = _key(1800.0, "the same bound for an evaluation", minimum=0.0, operational=True)
     max_restarts_without_progress: int = _key(3, "a launcher's restarts in a row that resume from the same"
-                                                 " checkpoint before the run stops instead; 0: no limit", minimum=0)
+                                                 " checkpoint before the run stops instead; 0: no limit", minimum=0,
+                                                 operational=True)
     callbacks: list = _key(list(CALLBACKS), "the run's callbacks, called in this default order whatever the"
-                                            " list's (prores/monitor/registry.py)", choices=tuple(CALLBACKS))
+                                            " list's (prores/monitor/registry.py)", choices=tuple(CALLBACKS),
+                                            operational=True)
 
     def accumulation(self, dp: int) -> int:
         """Micro-batches per step and data-parallel rank over ``dp`` ranks (a UsageError if the global batch
@@ -167,13 +172,15 @@ class TrainConfig:
 
 @dataclass
 class CheckpointConfig:
-    interval: int = _key(0, "steps between checkpoints; 0: only at the end (and on a stop signal)", minimum=0)
-    keep_last: int = _key(2, "keep the newest N checkpoints; 0: keep all", minimum=0)
-    keep_every: int = _key(0, "also keep every checkpoint whose step is a multiple of K; 0: none", minimum=0)
+    interval: int = _key(0, "steps between checkpoints; 0: only at the end (and on a stop signal)", minimum=0,
+                         operational=True)
+    keep_last: int = _key(2, "keep the newest N checkpoints; 0: keep all", minimum=0, operational=True)
+    keep_every: int = _key(0, "also keep every checkpoint whose step is a multiple of K; 0: none", minimum=0,
+                           operational=True)
     save_timeout: float = _key(1800.0, "seconds a checkpoint save may take before the run counts as hung",
-                               minimum=0.0)
+                               minimum=0.0, operational=True)
     keep_steps: list = _key([], "also keep the checkpoints of these steps, e.g. [30] for `prores analyze` at 10% of"
-                                " a 300-step run")
+                                " a 300-step run", operational=True)
 
 
 @dataclass
@@ -185,20 +192,23 @@ class ParallelConfig:
     partition: str = _key("uniform", "pipeline stages with equal numbers of blocks, or balanced by parameters"
                                      " (embedding and head included)", choices=("uniform", "parameters"))
     timeout: float = _key(600.0, "seconds a collective waits for its peers before it fails (the process groups'"
-                                 " timeout, as Megatron's --distributed-timeout-minutes)", minimum=1.0)
+                                 " timeout, as Megatron's --distributed-timeout-minutes)", minimum=1.0,
+                                 operational=True)
 
 
 @dataclass
 class LoggingConfig:
-    stats_interval: int = _key(10, "steps between per-layer statistics", minimum=1)
-    progress_bar: bool = _key(True, "a progress bar on a terminal (a log gets plain lines either way)")
+    stats_interval: int = _key(10, "steps between per-layer statistics", minimum=1, operational=True)
+    progress_bar: bool = _key(True, "a progress bar on a terminal (a log gets plain lines either way)",
+                              operational=True)
 
 
 @dataclass
 class MonitorConfig:
     spike_sigma: float = _key(7.0, "a spike: more than this many standard deviations above the window's mean",
-                              minimum=0.0)
-    spike_window: int = _key(1000, "steps before each step that its spike score compares with", minimum=2)
+                              minimum=0.0, operational=True)
+    spike_window: int = _key(1000, "steps before each step that its spike score compares with", minimum=2,
+                             operational=True)
 
 
 @dataclass
@@ -234,6 +244,12 @@ class KeyDoc:
     default: Any
     help: str
     choices: Optional[tuple]
+
+
+def operational_keys() -> set[str]:
+    """The keys that change how a run is watched, saved or guarded, never the numbers it computes."""
+    return {f"{section}.{f.name}" for section, cls in typing.get_type_hints(Config).items()
+            for f in dataclasses.fields(cls) if f.metadata["operational"]}
 
 
 def key_docs() -> list[KeyDoc]:

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from prores.config import operational_keys
 from prores.study.claims import FAILS, HOLDS, UNMEASURED, UNSHOWN, Study
+from prores.study.prores_effect import pairs
 from prores.study.runs import Run
 
 METHODS = {
@@ -187,3 +189,18 @@ def test_unmeasured_without_the_runs_a_rule_needs():
     runs = arm("Pre-LN", 12, (2.1, 2.12))
     claims = {c.key: c.verdict for c in Study(runs, lambda r: r.grid["method"]).claims()}
     assert claims == {k: UNMEASURED for k in claims}, claims
+
+
+def test_the_on_off_pairs_ignore_operational_keys_only():
+    """A cell that a newer prores resumed carries more callbacks and checkpoint keys: still the same training,
+    still a pair. Another lr is another training: no pair."""
+    base = run("Pre-LN", 48, 1, 2.10)
+    newer = run("Pre-LN + ProRes", 48, 1, 2.00)
+    newer.config |= {"train.callbacks": ["hang_watchdog", "scalars"], "checkpoint.interval": 100,
+                     "train.hang_timeout": 600.0}
+    assert [(off.name, on.name) for ps in pairs([base, newer]).values() for off, on in ps] == \
+        [("Pre-LN-L48-s1", "Pre-LN + ProRes-L48-s1")]
+    newer.config["optim.lr"] = 3e-3
+    assert pairs([base, newer]) == {}
+    assert operational_keys() >= {"train.callbacks", "checkpoint.interval", "train.hang_timeout"}
+    assert not operational_keys() & {"optim.lr", "train.steps", "train.eval_interval", "model.num_layers"}

@@ -1,7 +1,8 @@
 """What ProRes did to each method: the report's "ProRes on − off" table.
 
 Two runs are a pair when their resolved configs differ only in ``prores.*`` (the ProRes run has a schedule,
-the other none) and they share a seed: the same method, depth and data with and without ProRes. Each pair
+the other none) and in operational keys (:func:`prores.config.operational_keys`: checkpointing, watchdogs,
+monitors; a cell resumed by a newer prores may carry more of them), and they share a seed: the same method, depth and data with and without ProRes. Each pair
 gives a difference of final validation losses, on − off; over seeds it is a paired mean ± std, and its
 verdict uses the claims' rule (:func:`prores.study.claims.beyond`): ProRes helped when off − on is beyond
 twice the paired spread, hurt when on − off is, and otherwise the difference is within the seed spread.
@@ -14,15 +15,18 @@ from typing import Optional
 
 import yaml
 
+from prores.config import operational_keys
 from prores.study.claims import beyond, prores_on
 from prores.study.runs import DEPTH, SEED, Run
 
 HELPS, HURTS, WITHIN = "helps", "hurts", "within the seed spread"
+OPERATIONAL = operational_keys()
 
 
 def _rest(run: Run) -> str:
-    """The run's config without ProRes and seed: what a pair shares."""
-    return yaml.safe_dump({k: v for k, v in run.config.items() if not k.startswith("prores.") and k != SEED})
+    """The run's config without ProRes, seed and operational keys: what a pair shares."""
+    return yaml.safe_dump({k: v for k, v in run.config.items()
+                           if not k.startswith("prores.") and k != SEED and k not in OPERATIONAL})
 
 
 def _method(off: Run, on: Run) -> str:
