@@ -8,17 +8,24 @@ diagnostics' forward hooks. Both arms keep the callbacks that act (checkpoint in
 signals, best validation) and evaluate every 10 steps on 16 samples, so the heatmaps are redrawn 10 times
 as often as at the default evaluation interval of 100: an upper bound on their cost.
 
+The heatmaps' painter draws on a thread of its own, resting between pictures (prores/monitor/heatmaps.py): the
+picture it is drawing when an on block ends is waited for and charged to that block, and it draws nothing
+during the off blocks, so its work falls on the on arm only.
+
 Runs the tiny config (or ``--config``) in one process through the training loop's own step and
 interleaves blocks of 10 steps with the monitors on and off, so that drift in the machine's load hits
-both alike; prints the median block time of each and their ratio. Usage:
+both alike; prints the median block time of each and their ratio. It does so at 12 and at 48 blocks
+(``--layers``), each in its own process. Usage:
 
-    python benchmarks/monitor_overhead.py [--blocks 12] [--config configs/tiny.yaml]
+    python benchmarks/monitor_overhead.py [--blocks 12] [--layers 12 48] [--config configs/tiny.yaml]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,20 +41,30 @@ INTERVAL = 10
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--blocks", type=int, default=12)
+    parser.add_argument("--layers", type=int, nargs="+", default=[12, 48], help="model.num_layers, a case each")
     parser.add_argument("--config", default=None)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="config overrides, repeatable (the smoke test's tiny model)")
     args = parser.parse_args()
+    if len(args.layers) > 1:  # a process per case: one Trainer a process, as prores train has
+        for layers in args.layers:
+            rest = ["--blocks", str(args.blocks), *(["--config", args.config] if args.config else []),
+                    *(a for o in args.set for a in ("--set", o))]
+            subprocess.run([sys.executable, __file__, "--layers", str(layers), *rest], check=True)
+        return
     cfg = load_config(args.config, ("logging.progress_bar=false", "train.steps=100000", "train.log_interval=1",
                                     f"train.eval_interval={INTERVAL}", "data.eval_samples=16",
-                                    f"logging.stats_interval={INTERVAL}", *args.set))
+                                    f"logging.stats_interval={INTERVAL}", f"model.num_layers={args.layers[0]}",
+                                    *args.set))
     trainer = Trainer(cfg, Path(tempfile.mkdtemp(prefix="prores-bench-")))
     watching = tuple(callback_class(name) for name in MONITORS)
     every = list(trainer.callbacks)
     acting = [c for c in every if not isinstance(c, watching)]
     assert len(every) - len(acting) == len(MONITORS)
     diagnostics = next(c for c in every if isinstance(c, callback_class("layer_stats")))
+    heatmaps = next(c for c in every if isinstance(c, callback_class("heatmaps")))
     trainer.call("on_start")
+    painter = heatmaps.painter
     for _ in range(INTERVAL):  # warm-up (compilation), monitors included
         trainer.step_once()
     times = {"on": [], "off": []}
@@ -59,12 +76,17 @@ def main() -> None:
         start = time.perf_counter()
         for _ in range(INTERVAL):
             trainer.step_once()
+        if mode == "on":  # the picture being drawn is the on block's: wait for it, and hold the painter
+            painter.changed.acquire()  # off until the next on block (its rest runs on)
+            painter.changed.wait_for(lambda: not painter.drawing)
         times[mode].append(time.perf_counter() - start)
         if mode == "off":
+            painter.changed.release()
             trainer.callbacks = every
             diagnostics.on_start(trainer)
+    if args.blocks % 2:  # ended on an on block
+        painter.changed.release()
     on, off = (statistics.median(times[m]) for m in ("on", "off"))
-    heatmaps = next(c for c in every if isinstance(c, callback_class("heatmaps")))
     refresh = []
     for _ in range(3):  # what one evaluation's heatmap redraw costs, with the run's own series
         start = time.perf_counter()
@@ -79,7 +101,8 @@ def main() -> None:
                 for s in heatmaps.series.values() if s]
     drawing = time.perf_counter() - start
     print(f"one evaluation's heatmap refresh ({len(pictures)} pictures): {statistics.median(refresh) * 1e3:.0f} ms"
-          f" on the training step; drawing them takes {drawing * 1e3:.0f} ms on the painter's thread")
+          f" on the training step; drawing them takes {drawing * 1e3:.0f} ms on the painter's thread, which rests"
+          f" so as to draw at most {painter.SHARE:.0%} of the time")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ and parameter groups, the same learning-rate schedule, clipping and batches, in 
 forward/backward/step loop without DeepSpeed. Blocks of ``--steps`` steps alternate between the two so
 that drift in the machine's load hits both alike; the medians of the blocks' tokens/s are compared.
 
-    python benchmarks/overhead.py [--blocks 10] [--steps 10] [--set KEY=VALUE ...]
+    python benchmarks/overhead.py [--blocks 10] [--steps 10] [--config tiny.yaml] [--set KEY=VALUE ...]
+
+At the study's shape: ``--config cpu-depth.yaml --set model.num_layers=48`` (and 120).
 """
 
 from __future__ import annotations
@@ -63,9 +65,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--blocks", type=int, default=10)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--config", default=None, help="default: the tiny config; the study's: cpu-depth.yaml")
     parser.add_argument("--set", action="append", default=[])
     args = parser.parse_args()
-    cfg = load_config(None, ("logging.progress_bar=false", "train.steps=100000", "train.eval_interval=100000",
+    cfg = load_config(args.config, ("logging.progress_bar=false", "train.steps=100000", "train.eval_interval=100000",
                              *args.set))
     trainer = Trainer(cfg, Path(tempfile.mkdtemp(prefix="prores-bench-")))
     bare = BareLoop(cfg, trainer)

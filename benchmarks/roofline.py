@@ -1,8 +1,9 @@
 """The training step against this CPU's matmul rate: is a faster study a matter of schedule, kernels, or nothing?
 
 1. The matmul rate at the study's shapes: for width h and FFN f (configs/cpu-depth.yaml: 64 and 172; also 128
-   and 344), the step's tokens (micro-batch x sequence) times each projection of a block, forward shapes
-   (QKV [h, 3h], out [h, h], fc1 [h, 2f] with SwiGLU, fc2 [f, h]); GFLOP/s = 2·m·k·n / time, median of --reps.
+   and 344), the step's tokens (micro-batch x sequence) times each projection of a block (QKV [h, 3h], out
+   [h, h], fc1 [h, 2f] with SwiGLU, fc2 [f, h]), each as its forward, input-gradient and weight-gradient
+   matmul; GFLOP/s = 2·m·k·n / time, median of --reps.
 2. A short `prores train` of the study's model at each --depths: its steady tokens/s times the model's training
    FLOPs per token (prores.model.size: 3x the forward's 2 per weight of the blocks and the head, and attention's
    scores) is the step's achieved rate, printed as a fraction of the measured matmul rate at that width.
@@ -31,15 +32,21 @@ from prores.parallel.rendezvous import own_world
 
 
 def matmul_gflops(tokens: int, h: int, f: int, reps: int) -> float:
-    """The blocks' projections at these shapes, one after another: total FLOPs over the median time."""
+    """The blocks' projections as a training step runs them, one after another: each forward (x·W), its input
+    gradient (g·Wᵀ) and its weight gradient (xᵀ·g), into preallocated outputs (a fresh large output would
+    time the page faults of its allocation); total FLOPs over the median time."""
     shapes = [(h, 3 * h), (h, h), (h, 2 * f), (f, h)]
-    inputs = [(torch.randn(tokens, k), torch.randn(k, n)) for k, n in shapes]
-    flops = sum(2 * tokens * k * n for k, n in shapes)
+    products = []
+    for k, n in shapes:
+        x, w, g = torch.randn(tokens, k), torch.randn(k, n), torch.randn(tokens, n)
+        products += [(x, w, torch.empty(tokens, n)), (g, w.t(), torch.empty(tokens, k)),
+                     (x.t(), g, torch.empty(k, n))]
+    flops = 3 * sum(2 * tokens * k * n for k, n in shapes)
     times = []
     for _ in range(reps + 1):  # the first is a warm-up
         start = time.perf_counter()
-        for a, b in inputs:
-            torch.matmul(a, b)
+        for a, b, out in products:
+            torch.matmul(a, b, out=out)
         times.append(time.perf_counter() - start)
     return flops / statistics.median(times[1:]) / 1e9
 

@@ -1,6 +1,6 @@
 """`python scripts/docs_reference.py`: the manual's pages that the code knows, written from it: the config
 keys, the residual methods, ProRes schedules and callbacks from their registries, the CLI from its argparse
-parser, the CPU depth study's claims from the claims.json that `prores report` wrote. They are kept in the
+parser, the CPU depth and horizon studies' claims from the claims.json that `prores report` wrote. They are kept in the
 repository so they read on GitHub too; tests/test_docs.py fails when one differs from what this writes.
 `--check` writes nothing and exits 1 naming each page that is out of date."""
 
@@ -28,6 +28,8 @@ def pages() -> dict[str, str]:
         "reference/methods.md": methods_page(),
         "reference/cli.md": cli_markdown(),
         "results/cpu-depth-claims.md": claims_page("cpu_depth_claims.json", "The paper's claims at CPU scale"),
+        "results/cpu-horizon-claims.md": claims_page("cpu_horizon_claims.json",
+                                                     "The paper's claims at four times the steps"),
     }
     return {path: GENERATED + text.rstrip() + "\n" for path, text in texts.items()}
 

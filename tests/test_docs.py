@@ -18,6 +18,7 @@ from prores.config import key_docs, methods_markdown
 from prores.model.layouts import LAYOUTS
 from prores.model.prores import SCHEDULES
 from prores.study.claims import claims_from_json, claims_json
+from prores.study.compare import compare
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -105,14 +106,35 @@ def mean_spread(values: list[float], digits: int) -> str:
     return mean if len(values) == 1 else f"{mean} ± {statistics.stdev(values):.{digits}f}"
 
 
-@pytest.mark.parametrize("page, study", [("results/cpu-depth.md", "cpu_depth"), ("results/zoo.md", "cpu_zoo")])
+def horizon_comparison() -> str:
+    """What `prores compare` prints for the two kept studies, the tables the horizon page quotes."""
+    return compare(ROOT / "docs" / "cpu_depth_results.csv", ROOT / "docs" / "cpu_horizon_results.csv")
+
+
+def test_the_horizon_page_quotes_prores_compare():
+    """Every table `prores compare docs/cpu_depth_results.csv docs/cpu_horizon_results.csv` prints is on the
+    page as printed: losses, ranks, Kendall's τ and the paired ProRes − Pre-LN at both lengths."""
+    want = markdown_tables(horizon_comparison())
+    assert len(want) == 3
+    page = markdown_tables((ROOT / "docs" / "results" / "cpu-horizon.md").read_text())
+    assert [t for t in want if t not in page] == []
+
+
+STUDY_PAGES = [("results/cpu-depth.md", "cpu_depth"), ("results/zoo.md", "cpu_zoo"),
+               ("results/cpu-horizon.md", "cpu_horizon")]
+
+
+@pytest.mark.parametrize("page, study", STUDY_PAGES + [("results/zoo.md", "cpu_zoo_hybridnorm_lr")])
 def test_every_column_of_the_study_tables_is_its_results_csv(page, study):
     """Each row of each table that quotes a report (its first column is the first grid axis) is recomputed from
-    the report's results.csv, kept in docs/: every column, so a column without a rule here fails."""
+    the report's results.csv, kept in docs/: every column, so a column without a rule here fails. (The
+    horizon page's comparison tables are `prores compare`'s, checked above.)"""
     rows = list(csv.DictReader((ROOT / "docs" / f"{study}_results.csv").open()))
     fields = list(rows[0])
     grid = fields[:fields.index("name")]
-    tables = [t for t in markdown_tables((ROOT / "docs" / page).read_text()) if t[0][0] == grid[0]]
+    compared = markdown_tables(horizon_comparison())
+    tables = [t for t in markdown_tables((ROOT / "docs" / page).read_text()) if t[0][0] == grid[0]
+              and t not in compared]
     assert tables, f"no study table on {page}"
     checked = 0
     for head, *body in tables:
@@ -134,6 +156,17 @@ def test_every_column_of_the_study_tables_is_its_results_csv(page, study):
                 assert cell == want, f"{page} {cells[:len(grid)]} {column}: {cell} (results.csv: {want})"
                 checked += 1
     assert checked >= len({tuple(r[k] for k in grid) for r in rows})
+
+
+def test_the_zoos_hybridnorm_rows_are_its_re_run():
+    """docs/cpu_zoo_results.csv's HybridNorm runs are those of `prores report runs/cpu-zoo-hybridnorm` (the zoo's
+    own cells, re-run when its Q, K, V norms were made to span the projection), field for field."""
+    def runs(name, method=None):
+        rows = csv.DictReader((ROOT / "docs" / name).open())
+        return {r["name"]: r for r in rows if method is None or r["method"] == method}
+    zoo, rerun = runs("cpu_zoo_results.csv", "HybridNorm"), runs("cpu_zoo_hybridnorm_results.csv")
+    assert len(zoo) == 8 and zoo.keys() == rerun.keys()
+    assert all(zoo[n] == {k: rerun[n][k] for k in zoo[n]} for n in zoo)
 
 
 def test_the_zoo_on_off_table_is_its_results_csv():
@@ -181,13 +214,16 @@ def quoted_values(study: str) -> set[str]:
     return out
 
 
-@pytest.mark.parametrize("page, study", [("results/cpu-depth.md", "cpu_depth"), ("results/zoo.md", "cpu_zoo")])
+@pytest.mark.parametrize("page, study", STUDY_PAGES)
 def test_the_in_short_paragraphs_quote_their_results_csv(page, study):
     """Each figure of a page's "In short" paragraph (a number with two or more decimals) is one its results.csv
-    gives: a cell's mean or spread, a run's loss, or a paired difference computed here."""
+    gives: a cell's mean or spread, a run's loss, or a paired difference computed here; on the horizon page
+    also the 250-step study's and what `prores compare` prints (Kendall's τ)."""
     text = (ROOT / "docs" / page).read_text()
     paragraph = text.split("**In short.**", 1)[1].split("\n\n", 1)[0]
     figures = re.findall(r"\d+\.\d{2,}", paragraph)
     assert len(figures) >= 8, figures
     allowed = quoted_values(study)
+    if study == "cpu_horizon":
+        allowed |= quoted_values("cpu_depth") | set(re.findall(r"\d+\.\d+", horizon_comparison()))
     assert [f for f in figures if f not in allowed] == [], "not in " + study + "_results.csv"

@@ -2,6 +2,7 @@
 
 import io
 import math
+import time
 
 import numpy
 import pytest
@@ -10,7 +11,7 @@ from PIL import Image
 
 from prores.errors import UsageError
 from prores.model.prores import ProRes, ProResScheduler
-from prores.monitor.heatmaps import heatmap, png, series_matrix
+from prores.monitor.heatmaps import Painter, heatmap, png, series_matrix
 from prores.monitor.spikes import MIN_HISTORY, SpikeScore
 
 
@@ -77,6 +78,44 @@ def test_zeros_and_gaps_are_grey_on_a_log_scale():
     grey = (numpy.array([204, 204, 204]))  # matplotlib "0.8"
     pixels = decode(png(heatmap(values, [0, 1, 2, 3], title="t", xlabel="step", label="alpha")))
     assert (numpy.abs(pixels.astype(int) - grey).sum(-1) == 0).sum() > 1000
+
+
+class TimedWriter:
+    def __init__(self):
+        self.images = []
+
+    def image(self, tag, rgb, step):
+        self.images.append((tag, step, rgb.shape, time.perf_counter()))
+
+
+def test_the_painter_rests_so_drawing_takes_its_share_and_the_end_draws_what_waits():
+    """After a picture that took d seconds the painter waits d·(1/SHARE − 1) before the next; close() draws the
+    newest waiting picture of each tag at once, the older one of a tag never."""
+    writer, took = TimedWriter(), []
+
+    def draw(seconds):
+        def fig():
+            start = time.perf_counter()
+            time.sleep(seconds)  # the picture's cost, as a real one's would be
+            took.append(time.perf_counter() - start)
+            return heatmap(numpy.ones((2, 2)), [0, 1], title="", xlabel="step", label="")
+        return fig
+
+    painter = Painter(writer)
+    painter.SHARE = 0.5  # rest as long as the picture took
+    painter.submit("a", draw(0.2), 1)
+    while not writer.images:
+        time.sleep(0.01)
+    painter.submit("b", draw(0.0), 2)
+    while len(writer.images) < 2:
+        time.sleep(0.01)
+    # b started no sooner than a's drawing time after a was written (its own draw took ~0)
+    assert writer.images[1][3] - writer.images[0][3] >= took[0] * (1 / 0.5 - 1)
+    painter.submit("c", draw(0.05), 3)  # rests behind b: still waiting when ...
+    painter.submit("a", draw(0.0), 4)
+    painter.submit("a", draw(0.0), 5)  # ... a newer "a" replaces step 4's
+    painter.close()
+    assert [(tag, step) for tag, step, *_ in writer.images] == [("a", 1), ("b", 2), ("c", 3), ("a", 5)]
 
 
 def test_series_become_a_layer_by_step_matrix():

@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import io
 import threading
+import time
 from typing import Callable, Optional, Sequence
 
 import numpy
@@ -90,10 +91,14 @@ def series_matrix(series: dict[int, dict[int, float]], num_layers: int) -> tuple
 
 class Painter:
     """Draws pictures on a thread of its own and writes them: the training step only hands over the numbers.
-    Of the pictures of one tag still waiting, only the newest is drawn (each holds the whole history)."""
+    Of the pictures of one tag still waiting, only the newest is drawn (each holds the whole history). After
+    each picture it rests ``1/SHARE - 1`` times as long as the picture took, so drawing takes at most SHARE of
+    one core whatever the model's depth or the evaluation interval; the run's end draws what is waiting."""
+
+    SHARE = 0.02
 
     def __init__(self, writer):
-        self.writer, self.pending, self.closed = writer, {}, False
+        self.writer, self.pending, self.closed, self.drawing = writer, {}, False, False
         self.changed = threading.Condition()
         self.thread = threading.Thread(target=self._draw, name="prores-heatmaps", daemon=True)
         self.thread.start()
@@ -102,7 +107,7 @@ class Painter:
     def submit(self, tag: str, draw: Callable[[], Figure], step: int) -> None:
         with self.changed:
             self.pending[tag] = (draw, step)
-            self.changed.notify()
+            self.changed.notify_all()
 
     def _draw(self) -> None:
         while True:
@@ -112,13 +117,20 @@ class Painter:
                     return
                 tag = next(iter(self.pending))
                 draw, step = self.pending.pop(tag)
+                self.drawing = True
+            start = time.perf_counter()
             self.writer.image(tag, rgb(draw()), step)
+            rest = (time.perf_counter() - start) * (1 / self.SHARE - 1)
+            with self.changed:
+                self.drawing = False
+                self.changed.notify_all()
+                self.changed.wait_for(lambda: self.closed, timeout=rest)
 
     def close(self) -> None:
         """Draw what is waiting, then stop (again: nothing)."""
         with self.changed:
             self.closed = True
-            self.changed.notify()
+            self.changed.notify_all()
         self.thread.join()
 
 
