@@ -17,7 +17,7 @@ from prores.model.gpt import Embedding, FinalNorm, Head, lm_loss
 from prores.model.prores import ProRes
 from prores.model.size import (Shape, block_activations, block_parameters, embedding_parameters,
                                head_activations, head_parameters, padded_vocab_size)
-from prores.parallel.plan import GiB, balanced_blocks, blocks_per_stage, bubble
+from prores.parallel.plan import balanced_blocks, blocks_per_stage, bubble
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import memory  # noqa: E402  (benchmarks/memory.py)

@@ -21,13 +21,12 @@ import csv
 import math
 import statistics
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Callable, Optional
 
 import numpy
 
 from prores.monitor.spikes import SpikeScore
-from prores.study.runs import DEPTH, Run
+from prores.study.runs import Run
 
 HOLDS, FAILS, UNSHOWN, UNMEASURED = "holds", "does not hold", "not shown beyond the seed spread", "not measured"
 SPIKE_SIGMA, SPIKE_WINDOW = 7.0, 1000  # the paper's: 7σ above the mean of the previous 1000 steps ...
