@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from prores.config import load_config
-from prores.monitor.heatmaps import heatmap, rgb, series_matrix
+from prores.monitor.heatmaps import Painter, heatmap, rgb, series_matrix
 from prores.launcher.train import Trainer
 from prores.monitor.registry import MONITORS, callback_class
 
@@ -43,12 +43,15 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=12)
     parser.add_argument("--layers", type=int, nargs="+", default=[12, 48], help="model.num_layers, a case each")
     parser.add_argument("--config", default=None)
+    parser.add_argument("--without", nargs="+", default=[], choices=MONITORS,
+                        help="leave these monitors out of the on arm too: what each of the others costs")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="config overrides, repeatable (the smoke test's tiny model)")
     args = parser.parse_args()
     if len(args.layers) > 1:  # a process per case: one Trainer a process, as prores train has
         for layers in args.layers:
             rest = ["--blocks", str(args.blocks), *(["--config", args.config] if args.config else []),
+                    *(["--without", *args.without] if args.without else []),
                     *(a for o in args.set for a in ("--set", o))]
             subprocess.run([sys.executable, __file__, "--layers", str(layers), *rest], check=True)
         return
@@ -58,20 +61,22 @@ def main() -> None:
                                     *args.set))
     trainer = Trainer(cfg, Path(tempfile.mkdtemp(prefix="prores-bench-")))
     watching = tuple(callback_class(name) for name in MONITORS)
-    every = list(trainer.callbacks)
+    left_out = tuple(callback_class(name) for name in args.without)
+    every = trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, left_out)]
     acting = [c for c in every if not isinstance(c, watching)]
-    assert len(every) - len(acting) == len(MONITORS)
-    diagnostics = next(c for c in every if isinstance(c, callback_class("layer_stats")))
-    heatmaps = next(c for c in every if isinstance(c, callback_class("heatmaps")))
+    assert len(every) - len(acting) == len(MONITORS) - len(set(args.without))
+    diagnostics = next((c for c in every if isinstance(c, callback_class("layer_stats"))), None)
+    heatmaps = next((c for c in every if isinstance(c, callback_class("heatmaps"))), None)
     trainer.call("on_start")
-    painter = heatmaps.painter
+    painter = heatmaps.painter if heatmaps else Painter(None)  # without heatmaps: one that never draws
     for _ in range(INTERVAL):  # warm-up (compilation), monitors included
         trainer.step_once()
     times = {"on": [], "off": []}
     for block in range(args.blocks):
         mode = "on" if block % 2 == 0 else "off"
         if mode == "off":
-            diagnostics.on_end(trainer, None)  # its forward hooks go
+            if diagnostics:
+                diagnostics.on_end(trainer, None)  # its forward hooks go
             trainer.callbacks = acting
         start = time.perf_counter()
         for _ in range(INTERVAL):
@@ -83,26 +88,29 @@ def main() -> None:
         if mode == "off":
             painter.changed.release()
             trainer.callbacks = every
-            diagnostics.on_start(trainer)
+            if diagnostics:
+                diagnostics.on_start(trainer)
     if args.blocks % 2:  # ended on an on block
         painter.changed.release()
     on, off = (statistics.median(times[m]) for m in ("on", "off"))
-    refresh = []
-    for _ in range(3):  # what one evaluation's heatmap redraw costs, with the run's own series
-        start = time.perf_counter()
-        heatmaps.post_eval(trainer, trainer.step, {})
-        refresh.append(time.perf_counter() - start)
+    on_label = "every monitor on" + (f" but {', '.join(args.without)}" if args.without else "")
     print(f"layers={cfg.model.num_layers} tokens/step={trainer.tokens_per_step} stats_interval={INTERVAL},"
           f" an evaluation and a heatmap refresh every {INTERVAL} steps")
-    print(f"median time of {INTERVAL} steps: every monitor on {on * 1e3:.0f} ms, all off {off * 1e3:.0f} ms,"
+    print(f"median time of {INTERVAL} steps: {on_label} {on * 1e3:.0f} ms, all off {off * 1e3:.0f} ms,"
           f" ratio on/off {on / off:.3f}")
-    start = time.perf_counter()
-    pictures = [rgb(heatmap(*series_matrix(s, cfg.model.num_layers), title="", xlabel="step", label=""))
-                for s in heatmaps.series.values() if s]
-    drawing = time.perf_counter() - start
-    print(f"one evaluation's heatmap refresh ({len(pictures)} pictures): {statistics.median(refresh) * 1e3:.0f} ms"
-          f" on the training step; drawing them takes {drawing * 1e3:.0f} ms on the painter's thread, which rests"
-          f" so as to draw at most {painter.SHARE:.0%} of the time")
+    if heatmaps:
+        refresh = []
+        for _ in range(3):  # what one evaluation's heatmap redraw costs, with the run's own series
+            start = time.perf_counter()
+            heatmaps.post_eval(trainer, trainer.step, {})
+            refresh.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        pictures = [rgb(heatmap(*series_matrix(s, cfg.model.num_layers), title="", xlabel="step", label=""))
+                    for s in heatmaps.series.values() if s]
+        drawing = time.perf_counter() - start
+        print(f"one evaluation's heatmap refresh ({len(pictures)} pictures): {statistics.median(refresh) * 1e3:.0f}"
+              f" ms on the training step; drawing them takes {drawing * 1e3:.0f} ms on the painter's thread, which"
+              f" rests so as to draw at most {painter.SHARE:.1%} of the time")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@ SMOKE = {
                    rf"^\s+32\s+[\d,]+\s+{NUMBER}"),
     "roofline.py": (["--widths", "32", "--depths", "2", "--steps", "2", "--reps", "2", *SETS],
                     rf"^\s+2\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}%"),
-    "study_time.sh": (["{tmp}", "--set", "train.steps=2", *SETS[2:]], rf"cells train in {NUMBER} h with --jobs 2"),
+    "study_time.sh": (["{tmp}", "--set", "train.steps=2", *SETS[2:]],
+                      rf"in grid order {NUMBER} h, longest first \(the runner's order\) {NUMBER} h"),
 }
 # covered elsewhere: chaos.py by tests/test_chaos.py (its short run), memory.py by tests/test_plan.py (the
 # planner against it); gpu_check.sh needs a CUDA device, so here it must stop at once, saying so

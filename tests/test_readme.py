@@ -6,6 +6,7 @@ import re
 import statistics
 from pathlib import Path
 
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_COMMAND = "bash scripts/test.sh"
@@ -46,19 +47,43 @@ def test_the_plan_example_is_what_prores_plan_prints():
     assert f"```\n{plan}\n```" in (ROOT / "docs" / "fitting.md").read_text()
 
 
-def test_the_manual_quotes_the_chaos_benchmark_as_kept_in_docs():
-    """The printout on the checkpoints page is docs/chaos.txt, which the command quoted above it wrote."""
-    page = (ROOT / "docs" / "checkpoints.md").read_text()
-    quoted = re.search(r"python benchmarks/chaos.py --faults 10 --seed 1 [^\n]*> docs/chaos.txt\n```\n\n"
-                       r"```text\n(.*?)```", page, re.S)
-    assert quoted, "no chaos printout on the checkpoints page"
-    assert quoted.group(1).strip() == (ROOT / "docs" / "chaos.txt").read_text().strip()
+MONITOR_COMMAND = ('for run in 1 2; do python benchmarks/monitor_overhead.py --blocks 20 2>/dev/null'
+                   ' | grep -E "^(layers|median|one)"; done > docs/monitor_overhead.txt')
+# A benchmark's printout on a page: (page, the command that wrote the kept file, the file under docs/).
+KEPT_PRINTOUTS = [
+    ("docs/checkpoints.md", "python benchmarks/chaos.py --faults 10 --seed 1 --out /tmp/chaos10 > docs/chaos.txt",
+     "chaos.txt"),
+    ("docs/checkpoints.md", "python benchmarks/reshard.py > docs/reshard.txt", "reshard.txt"),
+    ("README.md", "python benchmarks/roofline.py > docs/roofline.txt", "roofline.txt"),
+    ("README.md", "python benchmarks/overhead.py --config cpu-depth.yaml --set model.num_layers=48 | tail -n 2"
+     " > docs/overhead.txt\npython benchmarks/overhead.py --config cpu-depth.yaml --set model.num_layers=120"
+     " --blocks 10 --steps 5 | tail -n 2 >> docs/overhead.txt", "overhead.txt"),
+    ("docs/monitoring.md", MONITOR_COMMAND, "monitor_overhead.txt"),
+    ("docs/results/cpu-depth.md", "bash benchmarks/study_time.sh > docs/study_time.txt", "study_time.txt"),
+]
 
 
-def test_the_manual_quotes_the_reshard_benchmark_as_kept_in_docs():
-    page = (ROOT / "docs" / "checkpoints.md").read_text()
-    quoted = re.search(r"python benchmarks/reshard.py > docs/reshard.txt\n```\n\n```text\n(.*?)```", page, re.S)
-    assert quoted and quoted.group(1).strip() == (ROOT / "docs" / "reshard.txt").read_text().strip()
+@pytest.mark.parametrize("page, command, kept", KEPT_PRINTOUTS)
+def test_the_manual_quotes_each_benchmark_as_kept_in_docs(page, command, kept):
+    """The printout under the command on the page is the file the command wrote, kept in docs/."""
+    text = (ROOT / page).read_text()
+    quoted = re.search(re.escape(command) + r"\n```\n\n```text\n(.*?)```", text, re.S)
+    assert quoted, f"{page}: no printout under `{command}`"
+    assert quoted.group(1).strip() == (ROOT / "docs" / kept).read_text().strip()
+
+
+def test_the_readmes_speed_figures_are_the_kept_printouts():
+    """The matmul rate and the step's share of it (docs/roofline.txt) and the cost of watching, each run's on/off
+    ratio as a percentage (docs/monitor_overhead.txt), as the README's speed section words them."""
+    readme = (ROOT / "README.md").read_text()
+    roofline = (ROOT / "docs" / "roofline.txt").read_text()
+    rate = float(re.search(r"^\s+64\s+\d+\s+([\d.]+)$", roofline, re.M).group(1))
+    shares = {round(float(x)) for x in re.findall(r"([\d.]+)%$", roofline, re.M)}
+    assert f"about {round(rate)} GFLOP/s at width 64" in readme and len(shares) == 1
+    assert f"reaches {shares.pop()}% of that" in readme
+    ratios = [float(x) for x in re.findall(r"ratio on/off ([\d.]+)", (ROOT / "docs" / "monitor_overhead.txt").read_text())]
+    pct = [f"{(r - 1) * 100:.1f}%" for r in ratios]  # the runs print 12 then 48 blocks, twice
+    assert f"{pct[0]} and {pct[2]} at 12 blocks and {pct[1]} and {pct[3]} at 48" in readme
 
 
 def paired(rows, depth, reference, treatment):

@@ -96,6 +96,19 @@ def test_one_sbatch_array_per_resource_group(tmp_path):
     assert [c[2] for c in commands] == ["--array=0,2", "--array=1"]
     assert "--nodes=2" in commands[1] and "--time=48:00:00" in commands[1] and "--nodes=1" in commands[0]
     assert all(c[-2].endswith("slurm/sweep.sbatch") for c in commands)
+    cache = f"TORCHINDUCTOR_CACHE_DIR={sweep_dir.resolve() / 'inductor-cache'}"  # the sweep's compiled kernels
+    assert all(c[-3].startswith("--export=ALL,") and c[-3].endswith("," + cache) for c in commands)
+
+
+def test_a_sweeps_cells_share_one_inductor_cache_in_its_directory(tmp_path):
+    """Compiled cells keep Inductor's graphs and kernels in RUNS/SWEEP/inductor-cache (not /tmp), where every
+    later cell of the sweep, on any node that shares the directory, finds them."""
+    path = spec(tmp_path, "compiled", grid={"train.seed": [1, 2]},
+                set=TINY | {"kernels.backend": "compile", "train.steps": 2, "model.num_layers": 2})
+    proc = sweep_cli(path, "--root", str(tmp_path / "runs"), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    cache = tmp_path / "runs" / "compiled" / "inductor-cache"
+    assert any((cache / "fxgraph").rglob("*")), sorted(p.name for p in cache.iterdir()) if cache.exists() else None
 
 
 @pytest.mark.parametrize("entries,message", [

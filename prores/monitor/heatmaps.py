@@ -95,7 +95,7 @@ class Painter:
     each picture it rests ``1/SHARE - 1`` times as long as the picture took, so drawing takes at most SHARE of
     one core whatever the model's depth or the evaluation interval; the run's end draws what is waiting."""
 
-    SHARE = 0.02
+    SHARE = 0.005  # of one core: at 48 blocks a picture every ~20 s, still one per default evaluation
 
     def __init__(self, writer):
         self.writer, self.pending, self.closed, self.drawing = writer, {}, False, False

@@ -39,10 +39,18 @@ from prores.study.sweep import Cell
 SLURM_DIR = Path(prores.__file__).resolve().parents[1] / "slurm"  # slurm/ of the checkout prores runs from
 
 
-def _cell_env(jobs: int) -> dict:
-    """Each cell a world of its own, sharing the cores."""
+def inductor_cache(sweep_dir: Path) -> str:
+    """Where the sweep's cells keep Inductor's compiled graphs and kernels: in the sweep directory, so a shape
+    is compiled once per sweep, by the first cell that meets it, on every node that shares the directory,
+    and the cache outlives /tmp (torch's default). TORCHINDUCTOR_CACHE_DIR set by the user wins."""
+    return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(sweep_dir.resolve() / "inductor-cache")
+
+
+def _cell_env(jobs: int, sweep_dir: Path) -> dict:
+    """Each cell a world of its own, sharing the cores and the sweep's compilation cache."""
     env = own_world(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
+    env["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache(sweep_dir)
     return env
 
 
@@ -153,7 +161,7 @@ def run_local(sweep_dir: Path, cells: list[Cell], jobs: int = 1) -> int:
         args = cell.train_args() if command == "train" else cell.eval_args()
         with open(logs / f"{cell.name}.log", "a") as log:
             proc = subprocess.Popen([sys.executable, "-m", "prores", command, *args], stdout=log,
-                                    stderr=subprocess.STDOUT, env=_cell_env(jobs), start_new_session=True)
+                                    stderr=subprocess.STDOUT, env=_cell_env(jobs, sweep_dir), start_new_session=True)
         if command == "train":
             record(sweep_dir, cell, pid=proc.pid)
         running[cell.name] = (cell, proc, command)
@@ -216,7 +224,8 @@ def _sbatch(sweep_dir: Path, group: list[Cell], script: str, job_name: str) -> l
     if r["partition"]:
         command.append(f"--partition={r['partition']}")
     return command + [*r["extra"], f"--output={sweep_dir.resolve() / 'logs'}/%x-%A_%a.out",
-                      f"--export=ALL,PRORES_SLURM_DIR={SLURM_DIR},PRORES_PYTHON={sys.executable}",
+                      f"--export=ALL,PRORES_SLURM_DIR={SLURM_DIR},PRORES_PYTHON={sys.executable},"
+                      f"TORCHINDUCTOR_CACHE_DIR={inductor_cache(sweep_dir)}",
                       str(SLURM_DIR / script)]
 
 
