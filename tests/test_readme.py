@@ -81,7 +81,8 @@ def test_the_readmes_speed_figures_are_the_kept_printouts():
     shares = {round(float(x)) for x in re.findall(r"([\d.]+)%$", roofline, re.M)}
     assert f"about {round(rate)} GFLOP/s at width 64" in readme and len(shares) == 1
     assert f"reaches {shares.pop()}% of that" in readme
-    ratios = [float(x) for x in re.findall(r"ratio on/off ([\d.]+)", (ROOT / "docs" / "monitor_overhead.txt").read_text())]
+    monitor = (ROOT / "docs" / "monitor_overhead.txt").read_text()
+    ratios = [float(x) for x in re.findall(r"ratio on/off ([\d.]+)", monitor)]
     pct = [f"{(r - 1) * 100:.1f}%" for r in ratios]  # the runs print 12 then 48 blocks, twice
     assert f"{pct[0]} and {pct[2]} at 12 blocks and {pct[1]} and {pct[3]} at 48" in readme
 

@@ -2,10 +2,11 @@
 
 Two runs are a pair when their resolved configs differ only in ``prores.*`` (the ProRes run has a schedule,
 the other none) and in operational keys (:func:`prores.config.operational_keys`: checkpointing, watchdogs,
-monitors; a cell resumed by a newer prores may carry more of them), and they share a seed: the same method, depth and data with and without ProRes. Each pair
-gives a difference of final validation losses, on − off; over seeds it is a paired mean ± std, and its
-verdict uses the claims' rule (:func:`prores.study.claims.beyond`): ProRes helped when off − on is beyond
-twice the paired spread, hurt when on − off is, and otherwise the difference is within the seed spread.
+monitors; a cell resumed by a newer prores may carry more of them), and they share a seed: the same method,
+depth and data with and without ProRes. Each pair gives a difference of final validation losses, on − off;
+over seeds it is a paired mean ± std, and its verdict uses the claims' rule (:func:`prores.study.claims.beyond`):
+ProRes helped when off − on is beyond twice the paired spread, hurt when on − off is, and otherwise the
+difference is within the seed spread.
 """
 
 from __future__ import annotations

@@ -240,7 +240,8 @@ def report(targets: list[Path], out_dir: Optional[Path] = None) -> Path:
               " deviation over the completed seeds.", ""]
     effect = effect_table(runs)
     if effect:
-        lines += ["## ProRes on − off", "", "Runs that differ only in ProRes (`prores.*`), paired by seed: the final"
+        lines += ["## ProRes on − off", "", "Runs that differ only in ProRes (`prores.*`, and in keys that change no"
+                  " numbers: checkpointing, watchdogs, monitors), paired by seed: the final"
                   " validation loss with ProRes minus without, mean ± standard deviation over the seeds; ProRes"
                   " helps or hurts when that is beyond twice its spread.", ""] + markdown_table(effect) + [""]
     study = Study(runs, lambda r: _label(r.grid))
