@@ -42,8 +42,9 @@ SLURM_DIR = Path(prores.__file__).resolve().parents[1] / "slurm"  # slurm/ of th
 def inductor_cache(sweep_dir: Path) -> str:
     """Where the sweep's cells keep Inductor's compiled graphs and kernels: in the sweep directory, so a shape
     is compiled once per sweep, by the first cell that meets it, on every node that shares the directory,
-    and the cache outlives /tmp (torch's default). TORCHINDUCTOR_CACHE_DIR set by the user wins."""
-    return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(sweep_dir.resolve() / "inductor-cache")
+    and the cache outlives /tmp. Always this one: torch writes its default into the environment of any
+    process that compiled, so an inherited TORCHINDUCTOR_CACHE_DIR says nothing of what the user chose."""
+    return str(sweep_dir.resolve() / "inductor-cache")
 
 
 def _cell_env(jobs: int, sweep_dir: Path) -> dict:
