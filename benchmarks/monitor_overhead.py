@@ -81,17 +81,16 @@ def main() -> None:
         start = time.perf_counter()
         for _ in range(INTERVAL):
             trainer.step_once()
-        if mode == "on":  # the picture being drawn is the on block's: wait for it, and hold the painter
-            painter.changed.acquire()  # off until the next on block (its rest runs on)
-            painter.changed.wait_for(lambda: not painter.drawing)
+        if mode == "on":  # the picture being drawn is the on block's; the painter waits out the off block
+            painter.pause()
         times[mode].append(time.perf_counter() - start)
         if mode == "off":
-            painter.changed.release()
+            painter.resume()
             trainer.callbacks = every
             if diagnostics:
                 diagnostics.on_start(trainer)
     if args.blocks % 2:  # ended on an on block
-        painter.changed.release()
+        painter.resume()
     on, off = (statistics.median(times[m]) for m in ("on", "off"))
     on_label = "every monitor on" + (f" but {', '.join(args.without)}" if args.without else "")
     print(f"layers={cfg.model.num_layers} tokens/step={trainer.tokens_per_step} stats_interval={INTERVAL},"

@@ -126,6 +126,14 @@ class Painter:
                 self.changed.notify_all()
                 self.changed.wait_for(lambda: self.closed, timeout=rest)
 
+    def pause(self) -> None:
+        """Wait for the picture being drawn, then draw nothing until :meth:`resume` (a benchmark's off arm)."""
+        self.changed.acquire()
+        self.changed.wait_for(lambda: not self.drawing)
+
+    def resume(self) -> None:
+        self.changed.release()
+
     def close(self) -> None:
         """Draw what is waiting, then stop (again: nothing)."""
         with self.changed:
