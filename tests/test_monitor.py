@@ -118,6 +118,34 @@ def test_the_painter_rests_so_drawing_takes_its_share_and_the_end_draws_what_wai
     assert [(tag, step) for tag, step, *_ in writer.images] == [("a", 1), ("b", 2), ("c", 3), ("a", 5)]
 
 
+
+def test_a_pause_is_no_rest():
+    """monitor_overhead.py pauses the painter through its off blocks: the rest after a picture counts only the time
+    it was not paused, so the on blocks pay the share a run pays, not the off blocks' share too."""
+    writer, took = TimedWriter(), []
+
+    def draw():
+        start = time.perf_counter()
+        time.sleep(0.1)
+        took.append(time.perf_counter() - start)
+        return heatmap(numpy.ones((2, 2)), [0, 1], title="", xlabel="step", label="")
+
+    painter = Painter(writer)
+    painter.SHARE = 0.5
+    painter.submit("a", draw, 1)
+    while not writer.images:
+        time.sleep(0.01)
+    painter.pause()
+    paused = time.perf_counter()
+    time.sleep(0.3)
+    paused = time.perf_counter() - paused
+    painter.submit("b", lambda: heatmap(numpy.ones((2, 2)), [0, 1], title="", xlabel="step", label=""), 2)
+    painter.resume()
+    while len(writer.images) < 2:  # not close(): the end draws at once
+        time.sleep(0.01)
+    painter.close()
+    assert writer.images[1][3] - writer.images[0][3] >= took[0] * (1 / 0.5 - 1) + paused
+
 def test_series_become_a_layer_by_step_matrix():
     matrix, steps = series_matrix({10: {1: 0.5, 3: 2.0}, 0: {2: 1.0}}, num_layers=3)
     assert steps == [0, 10]

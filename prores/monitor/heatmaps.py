@@ -99,6 +99,7 @@ class Painter:
 
     def __init__(self, writer):
         self.writer, self.pending, self.closed, self.drawing = writer, {}, False, False
+        self.rest_until = self.paused_at = 0.0
         self.changed = threading.Condition()
         self.thread = threading.Thread(target=self._draw, name="prores-heatmaps", daemon=True)
         self.thread.start()
@@ -120,18 +121,22 @@ class Painter:
                 self.drawing = True
             start = time.perf_counter()
             self.writer.image(tag, rgb(draw()), step)
-            rest = (time.perf_counter() - start) * (1 / self.SHARE - 1)
+            end = time.perf_counter()
             with self.changed:
                 self.drawing = False
+                self.rest_until = end + (end - start) * (1 / self.SHARE - 1)
                 self.changed.notify_all()
-                self.changed.wait_for(lambda: self.closed, timeout=rest)
+                while not self.closed and self.rest_until > time.perf_counter():
+                    self.changed.wait(self.rest_until - time.perf_counter())
 
     def pause(self) -> None:
         """Wait for the picture being drawn, then draw nothing until :meth:`resume` (a benchmark's off arm)."""
         self.changed.acquire()
         self.changed.wait_for(lambda: not self.drawing)
+        self.paused_at = time.perf_counter()
 
     def resume(self) -> None:
+        self.rest_until += time.perf_counter() - self.paused_at  # a pause is no rest: the share is of the time run
         self.changed.release()
 
     def close(self) -> None:

@@ -19,7 +19,6 @@ The forward hooks add to on-device accumulators: nothing syncs with the host unt
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from megatron.core import parallel_state
 
 from prores.run.callbacks import Callback
@@ -65,8 +64,9 @@ class LayerDiagnostics(Callback):
             # with model.recompute=block a block runs again inside the backward pass: count its first forward
             if self.active and not recomputing():
                 x, y = inputs[0].detach().float(), output.detach().float()
-                stats = torch.stack([y.square().mean(), F.cosine_similarity(x, y, dim=-1).mean(),
-                                     torch.ones((), device=y.device)])
+                y_norm = torch.linalg.vector_norm(y, dim=-1)  # F.cosine_similarity's arithmetic, its norm of y reused
+                cos = torch.linalg.vecdot(x, y) / (torch.linalg.vector_norm(x, dim=-1) * y_norm).clamp_min(1e-8)
+                stats = torch.stack([y_norm.square().sum() / y.numel(), cos.mean(), torch.ones((), device=y.device)])
                 self._forward[layer] = self._forward[layer] + stats if layer in self._forward else stats
 
         return hook

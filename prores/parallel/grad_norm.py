@@ -50,12 +50,16 @@ def grouped_sq_norms(groups: Sequence[Sequence[torch.nn.Parameter]], tensor_of: 
                      reduce_over: Sequence, device) -> torch.Tensor:
     """Squared L2 norm of ``tensor_of(p)`` over each group of parameters, counting each parameter once
     (:func:`counted`), summed over the process groups in ``reduce_over``: one all-reduce each."""
-    sq = torch.zeros(len(groups), dtype=torch.float32, device=device)
+    sums, group_of = [], []
     for i, params in enumerate(groups):
         for p in params:
             t = tensor_of(p) if counted(p, tp_rank) else None
             if t is not None:
-                sq[i] += t.detach().float().square().sum()
+                sums.append(t.detach().float().square().sum())
+                group_of.append(i)
+    sq = torch.zeros(len(groups), dtype=torch.float32, device=device)
+    if sums:  # one addition for all: a deep model has hundreds of small tensors (_foreach_norm is less exact)
+        sq.index_add_(0, torch.tensor(group_of, device=device), torch.stack(sums))
     for group in reduce_over:
         dist.all_reduce(sq, group=group)
     return sq
