@@ -108,5 +108,6 @@ def main() -> None:
     print(f"tokens/s: prores {ours:.0f}, without its monitors {engine:.0f}, bare PyTorch loop {theirs:.0f};"
           f" prores / bare = {ours / theirs:.3f}, without monitors / bare = {engine / theirs:.3f}")
 
+
 if __name__ == "__main__":
     main()

@@ -64,7 +64,7 @@ class LayerDiagnostics(Callback):
             # with model.recompute=block a block runs again inside the backward pass: count its first forward
             if self.active and not recomputing():
                 x, y = inputs[0].detach().float(), output.detach().float()
-                y_norm = torch.linalg.vector_norm(y, dim=-1)  # F.cosine_similarity's arithmetic, its norm of y reused
+                y_norm = torch.linalg.vector_norm(y, dim=-1)  # for the cosine and the RMS both
                 cos = torch.linalg.vecdot(x, y) / (torch.linalg.vector_norm(x, dim=-1) * y_norm).clamp_min(1e-8)
                 stats = torch.stack([y_norm.square().sum() / y.numel(), cos.mean(), torch.ones((), device=y.device)])
                 self._forward[layer] = self._forward[layer] + stats if layer in self._forward else stats
