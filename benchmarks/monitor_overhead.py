@@ -94,7 +94,7 @@ def main() -> None:
     on, off = (statistics.median(times[m]) for m in ("on", "off"))
     on_label = "every monitor on" + (f" but {', '.join(args.without)}" if args.without else "")
     print(f"layers={cfg.model.num_layers} tokens/step={trainer.tokens_per_step} stats_interval={INTERVAL},"
-          f" an evaluation and a heatmap refresh every {INTERVAL} steps")
+          f" an evaluation and a heatmap refresh every {cfg.train.eval_interval} steps")
     print(f"median time of {INTERVAL} steps: {on_label} {on * 1e3:.0f} ms, all off {off * 1e3:.0f} ms,"
           f" ratio on/off {on / off:.3f}")
     if heatmaps:
