@@ -8,6 +8,8 @@ well below the unigram-entropy baseline.
 
 import io
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -16,7 +18,7 @@ from PIL import Image
 from tensorboard.backend.event_processing import event_accumulator, event_file_loader
 from tensorboard.plugins.custom_scalar import layout_pb2
 
-from conftest import run_cli, train_args
+from conftest import child_env, run_cli, train_args
 from prores.config import load_config
 from prores.data.tokenizers import ByteTokenizer
 from prores.run.lr import LR_SCHEDULES
@@ -223,3 +225,30 @@ def test_a_gelu_mlp_with_learned_positions_trains(tmp_path):
     assert sorted(valid) == [30, 60] and valid[60] < valid[30] < 5.55 - 1.0, valid
     cfg = yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert cfg["model"]["mlp"] == "gelu" and cfg["model"]["position"] == "learned"
+
+
+ZERO_BITS = """
+import sys, tempfile
+from pathlib import Path
+import prores.launcher.builders as builders
+if sys.argv[1] == "deepspeed-defaults":
+    builders.ONE_REPLICA_ZERO = {}
+from prores.config import load_config
+from prores.launcher.train import Trainer
+cfg = load_config(None, ("logging.progress_bar=false", "train.steps=100", "train.eval_interval=100",
+                         "model.num_layers=3", "model.hidden_size=32", "model.ffn_hidden_size=64", "model.num_heads=2",
+                         "model.seq_length=32", "train.micro_batch_size=2", "kernels.backend=eager",
+                         "prores.schedule=linear", "prores.T=1", "optim.clip_grad=0.05"))
+trainer = Trainer(cfg, Path(tempfile.mkdtemp()))
+trainer.call("on_start")
+print(" ".join(trainer.step_once()["train/loss"].hex() for _ in range(6)))
+"""
+
+
+def test_the_one_replica_zero_settings_change_no_bit():
+    """With one data-parallel replica prores sets ZeRO-1's cheapest bookkeeping (builders.ONE_REPLICA_ZERO): six
+    steps, clipped at every one, give the losses of DeepSpeed's defaults bit for bit."""
+    losses = [subprocess.run([sys.executable, "-c", ZERO_BITS, arm], capture_output=True, text=True, timeout=300,
+                             env=child_env(), check=True).stdout.split()[-6:]
+              for arm in ("prores", "deepspeed-defaults")]
+    assert losses[0] == losses[1] and len(set(losses[0])) == 6
