@@ -85,10 +85,11 @@ def clips_itself(cfg) -> bool:
     return cfg.parallel.zero_stage == 0 and cfg.train.precision == "fp32"
 
 
-# With one data-parallel replica ZeRO has nothing to reduce, and these pick its cheapest bookkeeping: no copy of
-# each gradient into a reduction bucket, no pass over every parameter after the backward. The arithmetic is
-# the same, bit for bit; DeepSpeed's defaults cost a 48-block step of the study several percent (overhead.py).
-ONE_REPLICA_ZERO = {"contiguous_gradients": False, "overlap_comm": True}
+# With one data-parallel replica ZeRO has nothing to reduce: no copy of each gradient into a contiguous reduction
+# bucket (and no bucket-sized buffer). The arithmetic is the same, bit for bit; the copies cost a 48-block step of
+# the study several percent (overhead.py). Not overlap_comm: its hooks would take a pipeline's tied gradients
+# before the stages sum them, once a bucket fills during the backward.
+ONE_REPLICA_ZERO = {"contiguous_gradients": False}
 
 
 def deepspeed_config(cfg, dp: int) -> dict:
