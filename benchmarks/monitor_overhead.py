@@ -23,6 +23,7 @@ both alike; prints the median block time of each and their ratio. It does so at 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import subprocess
 import sys
@@ -33,7 +34,7 @@ from pathlib import Path
 from prores.config import load_config
 from prores.monitor.heatmaps import Painter, heatmap, rgb, series_matrix
 from prores.launcher.train import Trainer
-from prores.monitor.registry import MONITORS, callback_class
+from prores.monitor.registry import MONITORS, callback_class, without_monitors
 
 INTERVAL = 10
 
@@ -60,13 +61,9 @@ def main() -> None:
                                     f"logging.stats_interval={INTERVAL}", f"model.num_layers={args.layers[0]}",
                                     *args.set))
     trainer = Trainer(cfg, Path(tempfile.mkdtemp(prefix="prores-bench-")))
-    watching = tuple(callback_class(name) for name in MONITORS)
     left_out = tuple(callback_class(name) for name in args.without)
-    every = trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, left_out)]
-    acting = [c for c in every if not isinstance(c, watching)]
-    assert len(every) - len(acting) == len(MONITORS) - len(set(args.without))
-    diagnostics = next((c for c in every if isinstance(c, callback_class("layer_stats"))), None)
-    heatmaps = next((c for c in every if isinstance(c, callback_class("heatmaps"))), None)
+    trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, left_out)]
+    heatmaps = next((c for c in trainer.callbacks if isinstance(c, callback_class("heatmaps"))), None)
     trainer.call("on_start")
     painter = heatmaps.painter if heatmaps else Painter(None)  # without heatmaps: one that never draws
     for _ in range(INTERVAL):  # warm-up (compilation), monitors included
@@ -74,21 +71,15 @@ def main() -> None:
     times = {"on": [], "off": []}
     for block in range(args.blocks):
         mode = "on" if block % 2 == 0 else "off"
-        if mode == "off":
-            if diagnostics:
-                diagnostics.on_end(trainer, None)  # its forward hooks go
-            trainer.callbacks = acting
-        start = time.perf_counter()
-        for _ in range(INTERVAL):
-            trainer.step_once()
-        if mode == "on":  # the picture being drawn is the on block's; the painter waits out the off block
-            painter.pause()
-        times[mode].append(time.perf_counter() - start)
+        with without_monitors(trainer) if mode == "off" else contextlib.nullcontext():
+            start = time.perf_counter()
+            for _ in range(INTERVAL):
+                trainer.step_once()
+            if mode == "on":  # the picture being drawn is the on block's; the painter waits out the off block
+                painter.pause()
+            times[mode].append(time.perf_counter() - start)
         if mode == "off":
             painter.resume()
-            trainer.callbacks = every
-            if diagnostics:
-                diagnostics.on_start(trainer)
     if args.blocks % 2:  # ended on an on block
         painter.resume()
     on, off = (statistics.median(times[m]) for m in ("on", "off"))

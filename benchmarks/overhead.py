@@ -7,10 +7,10 @@ pieces (:func:`prores.model.gpt.gpt_pieces`, the same fused-kernel backend and a
 and parameter groups, the same learning-rate schedule, clipping and batches, in a plain
 forward/backward/step loop without DeepSpeed. A third arm runs prores's step without the monitors
 (prores/monitor/registry.py's MONITORS and the diagnostics' forward hooks): what the engine costs, apart from
-what watching costs. Blocks of ``--steps`` steps cycle through the three so that drift in the machine's load
-hits all alike; the medians of the blocks' tokens/s are compared.
+what watching costs. Each round runs a block of ``--steps`` steps of each arm, side by side, so that drift in the
+machine's load hits a round's arms alike; the ratios are the medians of the rounds' ratios.
 
-    python benchmarks/overhead.py [--blocks 6] [--steps 10] [--config tiny.yaml] [--set KEY=VALUE ...]
+    python benchmarks/overhead.py [--blocks 12] [--steps 10] [--config tiny.yaml] [--set KEY=VALUE ...]
 
 At the study's shape: ``--config cpu-depth.yaml --set model.num_layers=48`` (and 120).
 """
@@ -33,7 +33,7 @@ from prores.launcher.train import Trainer
 from prores.model.gpt import gpt_pieces, lm_loss
 from prores.model.block import Block
 from prores.model.prores import ProRes, ProResScheduler
-from prores.monitor.registry import MONITORS, callback_class
+from prores.monitor.registry import without_monitors
 
 
 class BareLoop:
@@ -66,7 +66,7 @@ class BareLoop:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--blocks", type=int, default=6, help="blocks of --steps steps an arm")
+    parser.add_argument("--blocks", type=int, default=12, help="rounds: a block of --steps steps of each arm a round")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--config", default=None, help="default: the tiny config; the study's: cpu-depth.yaml")
     parser.add_argument("--set", action="append", default=[])
@@ -76,37 +76,32 @@ def main() -> None:
     trainer = Trainer(cfg, Path(tempfile.mkdtemp(prefix="prores-bench-")))
     bare = BareLoop(cfg, trainer)
     trainer.call("on_start")
-    every = trainer.callbacks
-    watching = tuple(callback_class(name) for name in MONITORS)
-    diagnostics = next((c for c in every if isinstance(c, callback_class("layer_stats"))), None)
 
     def unwatched() -> None:
-        trainer.callbacks = [c for c in every if not isinstance(c, watching)]
-        if diagnostics:
-            diagnostics.on_end(trainer, None)  # its forward hooks go
-        try:
+        with without_monitors(trainer):
             trainer.step_once()
-        finally:
-            trainer.callbacks = every
-            if diagnostics:
-                diagnostics.on_start(trainer)
 
     loops = {"prores": trainer.step_once, "unwatched": unwatched, "bare": bare.step_once}
     for step in loops.values():  # warm-up: compilation, allocator
         for _ in range(args.steps):
             step()
-    rates = {name: [] for name in loops}
-    for block in range(args.blocks * len(loops)):
-        name = list(loops)[block % len(loops)]
-        start = time.perf_counter()
-        for _ in range(args.steps):
-            loops[name]()
-        rates[name].append(args.steps * trainer.tokens_per_step / (time.perf_counter() - start))
+    names, rates = list(loops), {name: [] for name in loops}
+    for round_ in range(args.blocks):
+        for name in names[round_ % 3:] + names[:round_ % 3]:  # each arm leads a third of the rounds
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                loops[name]()
+            rates[name].append(args.steps * trainer.tokens_per_step / (time.perf_counter() - start))
+
+    def against_bare(name: str) -> str:  # a round's arms ran side by side: its ratio is what load drift spares
+        ratios = sorted(a / b for a, b in zip(rates[name], rates["bare"]))
+        return f"{statistics.median(ratios):.3f} ({ratios[0]:.3f} to {ratios[-1]:.3f})"
+
     ours, engine, theirs = (statistics.median(rates[n]) for n in loops)
     print(f"{cfg.model.num_layers} blocks, {trainer.tokens_per_step} tokens a step, kernels {trainer.backend},"
-          f" median of {args.blocks} blocks of {args.steps} steps each")
+          f" {args.blocks} rounds of {args.steps} steps an arm; medians over the rounds (a ratio's range)")
     print(f"tokens/s: prores {ours:.0f}, without its monitors {engine:.0f}, bare PyTorch loop {theirs:.0f};"
-          f" prores / bare = {ours / theirs:.3f}, without monitors / bare = {engine / theirs:.3f}")
+          f" prores / bare = {against_bare('prores')}, without monitors / bare = {against_bare('unwatched')}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ built here from the same pieces, and (b) the learning goal: validation loss
 well below the unigram-entropy baseline.
 """
 
+import ast
 import io
 import json
 import subprocess
@@ -227,7 +228,7 @@ def test_a_gelu_mlp_with_learned_positions_trains(tmp_path):
     assert cfg["model"]["mlp"] == "gelu" and cfg["model"]["position"] == "learned"
 
 
-ZERO_BITS = """
+TINY_TRAINER = """
 import sys, tempfile
 from pathlib import Path
 import prores.launcher.builders as builders
@@ -241,7 +242,19 @@ cfg = load_config(None, ("logging.progress_bar=false", "train.steps=100", "train
                          "prores.schedule=linear", "prores.T=1", "optim.clip_grad=0.05"))
 trainer = Trainer(cfg, Path(tempfile.mkdtemp()))
 trainer.call("on_start")
+"""
+ZERO_BITS = TINY_TRAINER + """
 print(" ".join(trainer.step_once()["train/loss"].hex() for _ in range(6)))
+"""
+WITHOUT_MONITORS = TINY_TRAINER + """
+from prores.monitor.registry import without_monitors
+def seen():
+    return [type(c).__name__ for c in trainer.callbacks], [len(b._forward_hooks) for b in trainer.blocks.values()]
+before = seen()
+with without_monitors(trainer):
+    trainer.step_once()
+    print(seen())
+print(seen() == before, before)
 """
 
 
@@ -252,3 +265,16 @@ def test_the_one_replica_zero_settings_change_no_bit():
                              env=child_env(), check=True).stdout.split()[-6:]
               for arm in ("prores", "deepspeed-defaults")]
     assert losses[0] == losses[1] and len(set(losses[0])) == 6
+
+
+def test_without_monitors_leaves_the_acting_callbacks_and_puts_all_back():
+    """The benchmarks' arm without monitors (registry.without_monitors): inside, the callbacks that are not
+    MONITORS, in their order, and no diagnostics hook on a block; after, the run's own list and one hook a block."""
+    out = subprocess.run([sys.executable, "-c", WITHOUT_MONITORS, "prores"], capture_output=True, text=True,
+                         timeout=300, env=child_env(), check=True).stdout.splitlines()
+    inside, after = out[-2], out[-1]
+    names, hooks = ast.literal_eval(after.split(" ", 1)[1])
+    assert after.startswith("True ") and hooks == [1, 1, 1]
+    watching = {"LogScalars", "SpikeScores", "LayerDiagnostics", "Heatmaps"}  # registry.MONITORS' classes
+    assert watching <= set(names)
+    assert ast.literal_eval(inside) == ([n for n in names if n not in watching], [0, 0, 0])

@@ -10,6 +10,7 @@ a class is imported when a run builds it (:func:`build_callbacks`).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 
 CALLBACKS = {
@@ -41,6 +42,24 @@ MONITORS = ("scalars", "spikes", "layer_stats", "heatmaps")
 def callback_class(name: str) -> type:
     module, cls = CALLBACKS[name][0].split(":")
     return getattr(importlib.import_module(module), cls)
+
+
+@contextlib.contextmanager
+def without_monitors(trainer):
+    """The trainer's steps with only the callbacks that act, and without the diagnostics' forward hooks: what a
+    run costs apart from watching it (the benchmarks' arms without monitors). All come back after."""
+    every = trainer.callbacks
+    hooked = [c for c in every if isinstance(c, callback_class("layer_stats"))]
+    for c in hooked:
+        c.on_end(trainer, None)
+    watching = tuple(callback_class(name) for name in MONITORS)
+    trainer.callbacks = [c for c in every if not isinstance(c, watching)]
+    try:
+        yield
+    finally:
+        trainer.callbacks = every
+        for c in hooked:
+            c.on_start(trainer)
 
 
 def build_callbacks(cfg) -> list:
