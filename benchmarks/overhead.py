@@ -8,7 +8,9 @@ and parameter groups, the same learning-rate schedule, clipping and batches, in 
 forward/backward/step loop without DeepSpeed. A third arm runs prores's step without the monitors
 (prores/monitor/registry.py's MONITORS and the diagnostics' forward hooks): what the engine costs, apart from
 what watching costs. Each round runs a block of ``--steps`` steps of each arm, side by side, so that drift in the
-machine's load hits a round's arms alike; the ratios are the medians of the rounds' ratios.
+machine's load hits a round's arms alike; the ratios are the medians of the rounds' ratios. Its last line splits
+the step without monitors into DeepSpeed's pipeline instructions, and the bare loop's into its phases, in ms a step
+("other": the rest of the step: the data, alpha, the callbacks that act, the engine's own bookkeeping).
 
     python benchmarks/overhead.py [--blocks 12] [--steps 10] [--config tiny.yaml] [--set KEY=VALUE ...]
 
@@ -18,6 +20,8 @@ At the study's shape: ``--config cpu-depth.yaml --set model.num_layers=48`` (and
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import copy
 import statistics
 import tempfile
@@ -36,6 +40,39 @@ from prores.model.prores import ProRes, ProResScheduler
 from prores.monitor.registry import without_monitors
 
 
+class Phases:
+    """Seconds in each named phase of the steps run while ``counting``, and how many steps."""
+
+    def __init__(self, counting: bool = True):
+        self.seconds, self.steps, self.counting = collections.Counter(), 0, counting
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.steps = 0
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.counting:
+                self.seconds[name] += time.perf_counter() - start
+
+    def timed(self, name: str, f):
+        def run(*args, **kwargs):
+            with self(name):
+                return f(*args, **kwargs)
+
+        return run
+
+    def per_step(self) -> str:
+        """ms a step in each phase; the whole step, timed as "step", shows as what the others leave: "other"."""
+        ms = {name: s / self.steps * 1e3 for name, s in self.seconds.items()}
+        ms["other"] = ms.pop("step") - sum(ms.values())
+        return ", ".join(f"{name} {v:.1f}" for name, v in ms.items())
+
+
 class BareLoop:
     """The model's pieces in an nn.Sequential, trained by hand."""
 
@@ -50,18 +87,34 @@ class BareLoop:
                                            eps=o.eps)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         self.cfg, self.data, self.step = cfg, copy.copy(trainer.data.train), 0  # the same batches, in turn
+        self.phases = Phases()
 
     def step_once(self) -> None:
-        self.prores.step(self.step)
-        accum = self.cfg.train.accumulation(1)
-        for _ in range(accum):
-            tokens, labels = next(self.data)
-            (lm_loss(self.model(tokens), labels) / accum).backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.clip_grad)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.schedule.step()
+        with self.phases("step"):
+            self.prores.step(self.step)
+            accum = self.cfg.train.accumulation(1)
+            for _ in range(accum):
+                tokens, labels = next(self.data)
+                with self.phases("forward"):
+                    loss = lm_loss(self.model(tokens), labels) / accum
+                with self.phases("backward"):
+                    loss.backward()
+            with self.phases("optimizer"):
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.clip_grad)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.schedule.step()
         self.step += 1
+        self.phases.steps += 1
+
+
+def time_the_engines_instructions(phases: Phases) -> None:
+    """Every pipeline instruction of DeepSpeed's engine (ForwardPass, BackwardPass, ReduceGrads, OptimizerStep...)
+    timed into ``phases``, by its name."""
+    from deepspeed.runtime.pipe.engine import PipelineEngine
+
+    for instruction, execute in list(PipelineEngine._INSTRUCTION_MAP.items()):
+        PipelineEngine._INSTRUCTION_MAP[instruction] = phases.timed(instruction.__name__, execute)
 
 
 def main() -> None:
@@ -77,14 +130,22 @@ def main() -> None:
     bare = BareLoop(cfg, trainer)
     trainer.call("on_start")
 
+    instructions = Phases(counting=False)  # the engine's instructions, timed in the arm without monitors only
+    time_the_engines_instructions(instructions)
+
     def unwatched() -> None:
-        with without_monitors(trainer):
+        instructions.counting = True
+        with without_monitors(trainer), instructions("step"):
             trainer.step_once()
+        instructions.counting = False
+        instructions.steps += 1
 
     loops = {"prores": trainer.step_once, "unwatched": unwatched, "bare": bare.step_once}
     for step in loops.values():  # warm-up: compilation, allocator
         for _ in range(args.steps):
             step()
+    instructions.reset()
+    bare.phases.reset()
     names, rates = list(loops), {name: [] for name in loops}
     for round_ in range(args.blocks):
         for name in names[round_ % 3:] + names[:round_ % 3]:  # each arm leads a third of the rounds
@@ -102,6 +163,7 @@ def main() -> None:
           f" {args.blocks} rounds of {args.steps} steps an arm; medians over the rounds (a ratio's range)")
     print(f"tokens/s: prores {ours:.0f}, without its monitors {engine:.0f}, bare PyTorch loop {theirs:.0f};"
           f" prores / bare = {against_bare('prores')}, without monitors / bare = {against_bare('unwatched')}")
+    print(f"ms a step without monitors, DeepSpeed's instructions: {instructions.per_step()}; bare loop: {bare.phases.per_step()}")
 
 
 if __name__ == "__main__":

@@ -55,9 +55,9 @@ KEPT_PRINTOUTS = [
      "chaos.txt"),
     ("docs/checkpoints.md", "python benchmarks/reshard.py > docs/reshard.txt", "reshard.txt"),
     ("README.md", "python benchmarks/roofline.py > docs/roofline.txt", "roofline.txt"),
-    ("README.md", "python benchmarks/overhead.py --config cpu-depth.yaml --set model.num_layers=48 | tail -n 2"
+    ("README.md", "python benchmarks/overhead.py --config cpu-depth.yaml --set model.num_layers=48 | tail -n 3"
      " > docs/overhead.txt\npython benchmarks/overhead.py --config cpu-depth.yaml --set model.num_layers=120"
-     " --steps 5 | tail -n 2 >> docs/overhead.txt", "overhead.txt"),
+     " | tail -n 3 >> docs/overhead.txt", "overhead.txt"),
     ("docs/monitoring.md", MONITOR_COMMAND, "monitor_overhead.txt"),
     ("docs/results/cpu-depth.md", "bash benchmarks/study_time.sh > docs/study_time.txt", "study_time.txt"),
 ]
@@ -91,7 +91,9 @@ def test_the_readmes_speed_figures_are_the_kept_printouts():
         (ROOT / "docs" / "monitoring.md").read_text().split())
     overhead = (ROOT / "docs" / "overhead.txt").read_text()
     at_48, at_120 = (float(x) for x in re.findall(r"prores / bare = ([\d.]+)", overhead))
-    assert at_48 >= 0.95 > at_120 and "**The goal, 0.95, is met at 48 blocks and not at 120.**" in readme
+    met = {(True, True): "is met at 48 and at 120 blocks", (True, False): "is met at 48 blocks and not at 120",
+           (False, True): "is met at 120 blocks and not at 48", (False, False): "is met at neither 48 nor 120 blocks"}
+    assert f"**The goal, 0.95, {met[at_48 >= 0.95, at_120 >= 0.95]}.**" in readme
     pairs = re.findall(r"tokens/s: prores (\d+), without its monitors (\d+)", overhead)
     gains = [f"{(int(without) / int(ours) - 1) * 100:+.1f}%" for ours, without in pairs]
     assert f"Without its monitors the step's tokens/s change by {gains[0]} and {gains[1]}" in " ".join(readme.split())
