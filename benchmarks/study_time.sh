@@ -8,7 +8,7 @@
 # and the 72 cells' time at --jobs 2: the sum over two slots and the makespan of the runner's schedule with the
 # cells in grid order and longest first; under compile each kernel set (a norm layout with ProRes on or off) is
 # compiled cold once a sweep. Then times `prores eval` (the spec's two offline tasks, limit 50) on a 120-block
-# checkpoint. About 12 minutes on 2 cores; run it on a quiet machine.
+# checkpoint. About 6 minutes on 2 cores; run it on a quiet machine.
 # Usage: bash benchmarks/study_time.sh [OUT_DIR [--set KEY=VALUE ...]]  (the --set overrides go to every
 # training: the smoke test's tiny model)
 set -euo pipefail
