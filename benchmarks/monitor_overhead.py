@@ -50,11 +50,8 @@ def main() -> None:
                         help="config overrides, repeatable (the smoke test's tiny model)")
     args = parser.parse_args()
     if len(args.layers) > 1:  # a process per case: one Trainer a process, as prores train has
-        for layers in args.layers:
-            rest = ["--blocks", str(args.blocks), *(["--config", args.config] if args.config else []),
-                    *(["--without", *args.without] if args.without else []),
-                    *(a for o in args.set for a in ("--set", o))]
-            subprocess.run([sys.executable, __file__, "--layers", str(layers), *rest], check=True)
+        for layers in args.layers:  # the same arguments; the last --layers is the one argparse keeps
+            subprocess.run([sys.executable, __file__, *sys.argv[1:], "--layers", str(layers)], check=True)
         return
     cfg = load_config(args.config, ("logging.progress_bar=false", "train.steps=100000", "train.log_interval=1",
                                     f"train.eval_interval={INTERVAL}", "data.eval_samples=16",
