@@ -233,13 +233,13 @@ import sys, tempfile
 from pathlib import Path
 import prores.launcher.builders as builders
 if sys.argv[1] == "deepspeed-defaults":
-    builders.ONE_REPLICA_ZERO = {}
+    builders.one_replica = lambda dp: False
 from prores.config import load_config
 from prores.launcher.train import Trainer
 cfg = load_config(None, ("logging.progress_bar=false", "train.steps=100", "train.eval_interval=100",
                          "model.num_layers=3", "model.hidden_size=32", "model.ffn_hidden_size=64", "model.num_heads=2",
                          "model.seq_length=32", "train.micro_batch_size=2", "kernels.backend=eager",
-                         "prores.schedule=linear", "prores.T=1", "optim.clip_grad=0.05"))
+                         "prores.schedule=linear", "prores.T=1", "optim.clip_grad=0.05", *sys.argv[2:]))
 trainer = Trainer(cfg, Path(tempfile.mkdtemp()))
 trainer.call("on_start")
 """
@@ -258,11 +258,13 @@ print(seen() == before, before)
 """
 
 
-def test_the_one_replica_zero_settings_change_no_bit():
-    """With one data-parallel replica prores sets ZeRO-1's cheapest bookkeeping (builders.ONE_REPLICA_ZERO): six
-    steps, clipped at every one, give the losses of DeepSpeed's defaults bit for bit."""
-    losses = [subprocess.run([sys.executable, "-c", ZERO_BITS, arm], capture_output=True, text=True, timeout=300,
-                             env=child_env(), check=True).stdout.split()[-6:]
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_one_replica_zero_shortcuts_change_no_bit(precision):
+    """With one data-parallel replica prores drops ZeRO-1's bookkeeping for a reduction (builders.one_replica:
+    ONE_REPLICA_ZERO and its own ReduceGrads): six steps, clipped at every one, give the losses of DeepSpeed's
+    defaults and its own ReduceGrads bit for bit."""
+    losses = [subprocess.run([sys.executable, "-c", ZERO_BITS, arm, f"train.precision={precision}"],
+                             capture_output=True, text=True, timeout=300, env=child_env(), check=True).stdout.split()[-6:]
               for arm in ("prores", "deepspeed-defaults")]
     assert losses[0] == losses[1] and len(set(losses[0])) == 6
 

@@ -85,11 +85,24 @@ def clips_itself(cfg) -> bool:
     return cfg.parallel.zero_stage == 0 and cfg.train.precision == "fp32"
 
 
-# With one data-parallel replica ZeRO has nothing to reduce: no copy of each gradient into a contiguous reduction
-# bucket (and no bucket-sized buffer). The arithmetic is the same, bit for bit; the copies cost a 48-block step of
-# the study several percent (overhead.py). Not overlap_comm: its hooks would take a pipeline's tied gradients
-# before the stages sum them, once a bucket fills during the backward.
+def one_replica(dp: int) -> bool:
+    """One data-parallel replica: ZeRO has nothing to reduce, and prores drops its bookkeeping for a reduction
+    (ONE_REPLICA_ZERO, :func:`hand_gradients_to_zero`). The arithmetic is the same, bit for bit."""
+    return dp == 1
+
+
+# No copy of each gradient into a contiguous reduction bucket (and no bucket-sized buffer): the copies cost a
+# 48-block step of the study several percent (overhead.py). Not overlap_comm: its hooks would take a pipeline's
+# tied gradients before the stages sum them, once a bucket fills during the backward.
 ONE_REPLICA_ZERO = {"contiguous_gradients": False}
+
+
+def hand_gradients_to_zero(engine) -> None:
+    """The pipeline's ReduceGrads instruction for ZeRO-1 with one replica. DeepSpeed's flattens every gradient
+    into one buffer, divides it by 1, all-reduces it over the one rank and copies it back (2% of a 120-block step
+    of the study, overhead.py); this one only runs ZeRO's epilogue, which hands the optimizer its gradients."""
+    engine.optimizer.set_gradient_accumulation_boundary(True)
+    engine.optimizer.overlapping_partition_gradients_reduce_epilogue()
 
 
 def deepspeed_config(cfg, dp: int) -> dict:
@@ -97,7 +110,7 @@ def deepspeed_config(cfg, dp: int) -> dict:
         "train_micro_batch_size_per_gpu": cfg.train.micro_batch_size,
         "gradient_accumulation_steps": cfg.train.accumulation(dp),
         "gradient_clipping": 0.0 if clips_itself(cfg) else cfg.optim.clip_grad,
-        "zero_optimization": {"stage": cfg.parallel.zero_stage, **(ONE_REPLICA_ZERO if dp == 1 else {})},
+        "zero_optimization": {"stage": cfg.parallel.zero_stage, **(ONE_REPLICA_ZERO if one_replica(dp) else {})},
         "bf16": {"enabled": cfg.train.precision == "bf16"},
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
@@ -136,9 +149,13 @@ def lr_lambda(cfg):
 def build_engine(cfg, module: torch.nn.Module, topo):
     """The optimizer, its learning-rate schedule and DeepSpeed's pipeline engine around ``module``."""
     import deepspeed
+    from deepspeed.runtime.pipe.schedule import ReduceGrads
 
     optimizer = build_optimizer(cfg, module, topo)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=deepspeed_config(cfg, topo.dp))
+    if one_replica(topo.dp) and engine.zero_optimization_stage() == 1:
+        # the engine looks its instructions up on itself: this one's ReduceGrads, the class's others
+        engine._INSTRUCTION_MAP = {**engine._INSTRUCTION_MAP, ReduceGrads: hand_gradients_to_zero}
     return engine
