@@ -108,13 +108,11 @@ class BareLoop:
         self.phases.steps += 1
 
 
-def time_the_engines_instructions(phases: Phases) -> None:
-    """Every pipeline instruction of DeepSpeed's engine (ForwardPass, BackwardPass, ReduceGrads, OptimizerStep...)
-    timed into ``phases``, by its name."""
-    from deepspeed.runtime.pipe.engine import PipelineEngine
-
-    for instruction, execute in list(PipelineEngine._INSTRUCTION_MAP.items()):
-        PipelineEngine._INSTRUCTION_MAP[instruction] = phases.timed(instruction.__name__, execute)
+def time_the_engines_instructions(engine, phases: Phases) -> None:
+    """Every pipeline instruction of ``engine`` (ForwardPass, BackwardPass, ReduceGrads, OptimizerStep...) timed
+    into ``phases``, by its name (the engine looks them up on itself: its class's map stays as it is)."""
+    engine._INSTRUCTION_MAP = {instruction: phases.timed(instruction.__name__, execute)
+                               for instruction, execute in engine._INSTRUCTION_MAP.items()}
 
 
 def main() -> None:
@@ -131,27 +129,30 @@ def main() -> None:
     trainer.call("on_start")
 
     instructions = Phases(counting=False)  # the engine's instructions, timed in the arm without monitors only
-    time_the_engines_instructions(instructions)
+    time_the_engines_instructions(trainer.engine, instructions)
 
-    def unwatched() -> None:
-        instructions.counting = True
-        with without_monitors(trainer), instructions("step"):
-            trainer.step_once()
-        instructions.counting = False
-        instructions.steps += 1
+    def unwatched(steps: int) -> None:
+        with without_monitors(trainer):
+            for _ in range(steps):
+                instructions.counting = True
+                with instructions("step"):
+                    trainer.step_once()
+                instructions.counting = False
+                instructions.steps += 1
 
-    loops = {"prores": trainer.step_once, "unwatched": unwatched, "bare": bare.step_once}
-    for step in loops.values():  # warm-up: compilation, allocator
-        for _ in range(args.steps):
-            step()
+    def steps_of(step_once):
+        return lambda steps: [step_once() for _ in range(steps)]
+
+    loops = {"prores": steps_of(trainer.step_once), "unwatched": unwatched, "bare": steps_of(bare.step_once)}
+    for steps in loops.values():  # warm-up: compilation, allocator
+        steps(args.steps)
     instructions.reset()
     bare.phases.reset()
     names, rates = list(loops), {name: [] for name in loops}
     for round_ in range(args.blocks):
         for name in names[round_ % 3:] + names[:round_ % 3]:  # each arm leads a third of the rounds
             start = time.perf_counter()
-            for _ in range(args.steps):
-                loops[name]()
+            loops[name](args.steps)
             rates[name].append(args.steps * trainer.tokens_per_step / (time.perf_counter() - start))
 
     def against_bare(name: str) -> str:  # a round's arms ran side by side: its ratio is what load drift spares
