@@ -42,11 +42,15 @@ def zero_file(tag_dir: Path, dp_rank: int, mp: int) -> Path:
     return next((p for p in (tag_dir / f"bf16_{name}", tag_dir / name) if p.is_file()), tag_dir / name)
 
 
-def _saved_pieces(tag_dir: Path, mp: int, dp: int, wanted: set[str]) -> tuple[dict[str, dict], torch.Tensor]:
+def model_states(tag_dir: Path, mp: int) -> dict:
+    return torch.load(tag_dir / f"mp_rank_{mp:02d}_model_states.pt", map_location="cpu", weights_only=False)
+
+
+def _saved_pieces(tag_dir: Path, mp: int, shapes: list[dict], dp: int,
+                  wanted: set[str]) -> tuple[dict[str, dict], torch.Tensor]:
     """``{name: {"fp32": t, "exp_avg": t, "exp_avg_sq": t}}`` of the wanted parameters that model-parallel
-    rank ``mp`` held (as it held them: its tp shard), and its Adam step."""
-    shapes = torch.load(tag_dir / f"mp_rank_{mp:02d}_model_states.pt", map_location="cpu",
-                        weights_only=False)["param_shapes"]
+    rank ``mp`` held (as it held them: its tp shard; ``shapes``: its model states' ``param_shapes``), and its
+    Adam step."""
     if not wanted & {name for group in shapes for name in group}:
         return {}, None
     shards = [torch.load(zero_file(tag_dir, d, mp), map_location="cpu", weights_only=False)["optimizer_state_dict"]
@@ -73,12 +77,13 @@ def load_on_other_layout(engine, tag_dir: Path, saved: dict, tp_rank: int, tp: i
     opt = engine.optimizer
     mine = {engine.param_names[p]: p for group in opt.round_robin_bit16_groups for p in group}
     pieces: dict[str, list] = {name: [None] * saved["tp"] for name in mine}
-    step = None
+    step, states = None, model_states(tag_dir, 0)  # mp rank 0's also holds the engine's counters, read below
     for stage in range(saved["pp"]):
         for r in range(saved["tp"]):
             wanted = {name for name, shards in pieces.items() if shards[r] is None}
-            found, stage_step = _saved_pieces(tag_dir, mp_rank(stage, r, saved["tp"], saved["pp"]), saved["dp"],
-                                              wanted)
+            mp = mp_rank(stage, r, saved["tp"], saved["pp"])
+            shapes = (states if mp == 0 else model_states(tag_dir, mp))["param_shapes"]
+            found, stage_step = _saved_pieces(tag_dir, mp, shapes, saved["dp"], wanted)
             for name, values in found.items():  # a tied parameter is on two stages, identical: the first wins
                 pieces[name][r] = values
             step = stage_step if stage_step is not None else step
@@ -106,7 +111,6 @@ def load_on_other_layout(engine, tag_dir: Path, saved: dict, tp_rank: int, tp: i
         partition.data.copy_(flats["fp32"][rank * n:(rank + 1) * n])
         opt.optimizer.state[partition] = {"step": step.clone(), **{
             key: flats[key][rank * n:(rank + 1) * n].clone().to(partition.device) for key in MOMENTS}}
-    states = torch.load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
     engine.global_steps, engine.global_samples = states["global_steps"], states["global_samples"]
     engine.skipped_steps = states["skipped_steps"]
     schedule = engine.lr_scheduler
