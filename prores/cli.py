@@ -75,7 +75,7 @@ def _cmd_train(args) -> int:
 def _cmd_sweep(args) -> int:
     from prores.study.runners import run_local, run_slurm, to_start
     from prores.study.state import status_table
-    from prores.study.sweep import check_unchanged, expand, write_cells
+    from prores.study.sweep import check_unchanged, expand, select, write_cells
 
     if args.target[0] == "status":
         if len(args.target) != 2:
@@ -87,20 +87,22 @@ def _cmd_sweep(args) -> int:
     sweep_dir, cells = expand(args.target[0], args.root, processes=1 if args.runner == "local" else None,
                               name=args.name)
     check_unchanged(sweep_dir, cells, args.target[0])
-    _warn_cells(cells)
+    chosen = select(cells, args.only)
+    _warn_cells(chosen)
     cells_file = sweep_dir / "cells.jsonl"
+    part = f" ({len(chosen)} chosen by --only)" if args.only else ""
     if args.dry_run:  # writes nothing
-        print(f"prores sweep: {len(cells)} cells in {sweep_dir} (dry run)", flush=True)
+        print(f"prores sweep: {len(cells)} cells in {sweep_dir}{part} (dry run)", flush=True)
         if args.runner == "slurm":
-            return run_slurm(sweep_dir, cells, cells_file, dry_run=True)
-        for cell in to_start(sweep_dir, cells):
+            return run_slurm(sweep_dir, chosen, cells_file, dry_run=True)
+        for cell in to_start(sweep_dir, chosen):
             print(" ".join(["prores", "train", *cell.train_args()]))
         return 0
     write_cells(sweep_dir, cells)
-    print(f"prores sweep: {len(cells)} cells in {sweep_dir} ({cells_file})", flush=True)
+    print(f"prores sweep: {len(cells)} cells in {sweep_dir}{part} ({cells_file})", flush=True)
     if args.runner == "slurm":
-        return run_slurm(sweep_dir, cells, cells_file)
-    return run_local(sweep_dir, cells, jobs=args.jobs)
+        return run_slurm(sweep_dir, chosen, cells_file)
+    return run_local(sweep_dir, chosen, jobs=args.jobs)
 
 
 def _warn_cells(cells) -> None:
@@ -254,6 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default="runs", help="the sweep directory is ROOT/<sweep name> (default: runs)")
     p.add_argument("--name", default=None, help="the sweep's name (default: the spec's `name`, or its file name):"
                                                 " a new name starts a new sweep directory beside the others")
+    p.add_argument("--only", action="append", default=[], metavar="KEY=VALUE[,VALUE...]",
+                   help="run only the cells with these grid values (repeat: all must match), e.g. --only train.seed=3")
     p.add_argument("--dry-run", action="store_true", help="print what would run or be submitted; write and run"
                                                           " nothing")
     p.set_defaults(func=_cmd_sweep)

@@ -249,6 +249,23 @@ def _cell(path: Path, index: int, sweep_dir: Path, spec: dict, values: dict, set
     return cell
 
 
+def select(cells: list[Cell], only: list[str]) -> list[Cell]:
+    """The cells whose grid values match every ``KEY=VALUE[,VALUE...]`` of ``only`` (a seed is
+    ``train.seed``): the part of a sweep to run now. The sweep directory still holds them all."""
+    chosen = cells
+    for entry in only:
+        key, sep, values = entry.partition("=")
+        keys = sorted({k for c in cells for k in c.grid})
+        if not sep or key not in keys:
+            raise SpecError(f"--only {entry!r}: give KEY=VALUE[,VALUE...] with KEY one of the grid's"
+                            f" {', '.join(keys)}.")
+        wanted = set(values.split(","))
+        chosen = [c for c in chosen if str(c.grid.get(key)) in wanted]
+    if only and not chosen:
+        raise SpecError(f"--only {' '.join(only)}: no cell matches; `prores sweep status DIR` lists them.")
+    return chosen
+
+
 def write_cells(sweep_dir: Path, cells: list[Cell]) -> Path:
     """``cells.jsonl``, written once (the same cells again leave the file as it is)."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
