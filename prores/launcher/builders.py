@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy
 import torch
 from megatron.core import parallel_state
 
@@ -24,19 +23,14 @@ from prores.parallel import topology
 from prores.parallel.grad_norm import GlobalNormAdamW
 from prores.parallel.pipeline import build_pipeline
 from prores.parallel.plan import blocks_per_stage
+from prores.run import rng
 from prores.run.lr import LR_SCHEDULES
 
-def dropout_seed(seed: int, topo) -> int:
-    """The default generator's seed, which draws the dropout masks (weights are seeded per parameter):
-    its own stream on every data-parallel rank and pipeline stage, the same on the tensor-parallel ranks
-    of a stage, whose hidden dropout acts on the same replicated activations (as in Megatron)."""
-    return int(numpy.random.SeedSequence([seed, topo.pp_rank, topo.dp_rank]).generate_state(1)[0])
-
-
 def start_processes(cfg) -> topology.Topology:
-    """The process group, Megatron's and DeepSpeed's views of it, and this rank's dropout stream."""
+    """The process group, Megatron's and DeepSpeed's views of it, and this rank's random streams (the
+    dropout masks'; :mod:`prores.run.rng`)."""
     topo = topology.init(cfg.parallel.tp, cfg.parallel.pp)
-    torch.manual_seed(dropout_seed(cfg.train.seed, topo))
+    rng.seed_streams(cfg.train.seed, topo.pp_rank, topo.dp_rank)
     return topo
 
 

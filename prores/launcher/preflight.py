@@ -42,20 +42,27 @@ class Plan:
     finished: bool  # the newest checkpoint is at or past train.steps and the summary says completed
 
 
-def check_resumable(found: Found, cfg: Config, global_batch: int) -> None:
-    """Resuming may change tp, pp and dp (the number of processes) and micro-batching, but not the samples
-    per step, train.steps, the model or ProRes. Another tp or pp reads the ZeRO-1 optimizer shards by name
-    (prores.parallel.reshard), so both runs need ZeRO."""
-    saved = found.manifest["parallel"]
-    zero = (found.manifest["config"].get("parallel", {}).get("zero_stage", 1), cfg.parallel.zero_stage)
-    if (saved["tp"], saved["pp"]) != (cfg.parallel.tp, cfg.parallel.pp) and 0 in zero:
+def check_resumable(found: Found, cfg: Config, dp: int) -> None:
+    """Resuming may change tp, pp and dp (the number of processes), the precision and micro-batching, but not
+    the samples per step, train.steps, the model or ProRes. Another layout reads the ZeRO-1 optimizer shards by
+    name (prores.parallel.reshard), so both runs need ZeRO-1; without ZeRO only another dp in fp32 resumes
+    (every rank holds the whole optimizer state). Refused here, before anything is loaded."""
+    saved, config = found.manifest["parallel"], found.manifest["config"]
+    was = {"parallel.zero_stage": config.get("parallel", {}).get("zero_stage", 1),
+           "train.precision": config.get("train", {}).get("precision", "fp32"),
+           "parallel.tp": saved["tp"], "parallel.pp": saved["pp"]}
+    now = {"parallel.zero_stage": cfg.parallel.zero_stage, "train.precision": cfg.train.precision,
+           "parallel.tp": cfg.parallel.tp, "parallel.pp": cfg.parallel.pp}
+    changed = [f"{k} {was[k]} -> {now[k]}" for k in was if was[k] != now[k]]
+    zero0 = was["parallel.zero_stage"] == 0
+    if saved["dp"] != dp and zero0 and was["train.precision"] == "bf16":
+        changed.append(f"dp {saved['dp']} -> {dp}")  # its fp32 masters are cut over dp, and not by name
+    if changed and (zero0 or now["parallel.zero_stage"] == 0):
         raise UsageError(
-            f"checkpoint {found.path} was written with parallel.tp={saved['tp']} parallel.pp={saved['pp']}, this"
-            f" run has tp={cfg.parallel.tp} pp={cfg.parallel.pp}: a resume on another tp or pp reads the ZeRO"
-            f" optimizer shards, and {'the checkpoint' if zero[0] == 0 else 'this run'} has"
-            f" parallel.zero_stage=0. Resume with --set parallel.tp={saved['tp']} --set parallel.pp={saved['pp']}"
-            + ("" if zero[0] == 0 else " or parallel.zero_stage=1") + ", or start a new --run-dir."
-        )
+            f"checkpoint {found.path} cannot be resumed exactly here ({'; '.join(changed)}): another layout reads"
+            " the ZeRO-1 optimizer shards by name, so both runs need parallel.zero_stage=1, and a ZeRO-0"
+            " checkpoint resumes only as it was written (or, in fp32, on another dp). Resume with "
+            + " ".join(f"--set {k}={v}" for k, v in was.items()) + ", or start a new --run-dir.")
     saved, now, default = found.manifest["config"], cfg.to_dict(), Config().to_dict()
     for section, what in (("model", "a different model"), ("prores", "another ProRes schedule")):
         was = {**default[section], **saved[section]}  # a key newer than the checkpoint had its default
@@ -67,6 +74,7 @@ def check_resumable(found: Found, cfg: Config, global_batch: int) -> None:
     known = {k: v for k, v in saved["train"].items() if k in TrainConfig.__dataclass_fields__}
     saved_train = replace(TrainConfig(), **known)  # its global batch by the one formula
     was = (saved_train.steps, saved_train.global_batch(found.manifest["parallel"]["dp"]))
+    global_batch = cfg.train.global_batch(dp)
     if was != (cfg.train.steps, global_batch):
         raise UsageError(
             f"checkpoint {found.path} belongs to a run of train.steps={was[0]} with global batches of {was[1]}"
@@ -89,7 +97,7 @@ def check_run_dir(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, dp:
         return None
     found = checkpoints.newest_manifest()
     if found is not None:
-        check_resumable(found, cfg, cfg.train.global_batch(dp))
+        check_resumable(found, cfg, dp)
     return found
 
 

@@ -35,7 +35,7 @@ from prores.monitor.tensorboard import RunWriter, mark_resume
 from prores.parallel.grad_norm import count_parameters
 from prores.parallel.topology import TIMEOUT_S
 from prores.parallel.reshard import load_on_other_layout
-from prores.parallel.zero_reshard import load_with_other_dp
+from prores.run import rng
 from prores.run.callbacks import Callback
 from prores.run.checkpoint import Checkpoints, Found
 from prores.run.lock import RunLock
@@ -120,32 +120,34 @@ class Trainer:
         return step % self.cfg.train.log_interval == 0 or step == self.cfg.train.steps - 1
 
     def load(self, found: Found) -> None:
-        saved, root, tag = found.manifest["parallel"], self.checkpoints.root, found.path.name
-        saved_dp, topo = saved["dp"], self.topo
-        other_layout = (saved["tp"], saved["pp"]) != (topo.tp, topo.pp)
+        """The checkpoint's state on this run's layout. The layout that wrote it loads through DeepSpeed's own
+        :meth:`load_checkpoint`; any other (tp, pp, dp or precision changed) through the one path that cuts
+        every parameter's state by name (:mod:`prores.parallel.reshard`), except ZeRO-0 fp32 on another dp,
+        whose optimizer state every rank holds whole. Preflight refused what neither can do exactly."""
+        saved, topo = found.manifest["parallel"], self.topo
+        now = {"tp": topo.tp, "pp": topo.pp, "dp": topo.dp}
+        precision = found.manifest["config"]["train"].get("precision", "fp32")
+        same = {k: saved[k] for k in now} == now and precision == self.cfg.train.precision
         started = time.perf_counter()
-        if other_layout:
-            path, client = found.path, load_on_other_layout(self.engine, found.path, saved, topo.tp_rank, topo.tp)
-        elif saved_dp == topo.dp:
-            path, client = self.engine.load_checkpoint(str(root), tag=tag)
+        if same or not self.engine.zero_optimization():
+            path, client = self.engine.load_checkpoint(str(self.checkpoints.root), tag=found.path.name)
+            if path is None:
+                raise UsageError(f"DeepSpeed could not load checkpoint {found.path}; start a new --run-dir.")
         else:
-            path, client = load_with_other_dp(self.engine, root, tag, saved_dp)
-        if path is None:
-            raise UsageError(f"DeepSpeed could not load checkpoint {found.path}; start a new --run-dir.")
+            client = load_on_other_layout(self.engine, found.path, saved, topo.tp_rank, topo.tp)
         self.data.train.load_state_dict(client["data"])
         self.prores.load_state_dict(client["prores"])
         self._learning_rate_from_config()
         for callback in self.callbacks:
             if callback.name is not None and callback.name in client["callbacks"]:
                 callback.load_state_dict(client["callbacks"][callback.name])
-        same_world = self.checkpoints.load_rng(found)
-        if other_layout:
-            self.say(f"resuming step {self.step} from tp{saved['tp']} x pp{saved['pp']} x dp{saved_dp} on"
-                     f" tp{topo.tp} x pp{topo.pp} x dp{topo.dp}: {found.path} (resharded in"
-                     f" {time.perf_counter() - started:.2f} s; RNG streams start afresh)")
+        streams = rng.restore(found.path / "rng", saved, topo, self.cfg.train.seed, self.step)
+        if same:
+            self.say(f"resuming from step {self.step}: {found.path}")
         else:
-            self.say(f"resuming from step {self.step}: {found.path}"
-                     + ("" if same_world else f" (dp {saved_dp} -> {topo.dp}; RNG streams start afresh)"))
+            self.say(f"resuming step {self.step} from tp{saved['tp']} x pp{saved['pp']} x dp{saved['dp']} on"
+                     f" tp{topo.tp} x pp{topo.pp} x dp{topo.dp}: {found.path} (resharded in"
+                     f" {time.perf_counter() - started:.2f} s; {streams})")
 
     def _learning_rate_from_config(self) -> None:
         """A resume keeps the optimizer's moments and the schedule's position but takes the peak

@@ -3,7 +3,7 @@
 ``RUN/checkpoints/global_step{N}/`` holds what ``engine.save_checkpoint`` writes
 (weights per layer, ZeRO optimizer shards, the client state: data position and
 config; DeepSpeed adds the step and the LR schedule), each rank's RNG states
-(``rng/rank{R}.pt``) and, written last by rank 0 once every rank has finished,
+(``rng/rank{R}.pt``, :mod:`prores.run.rng`) and, written last by rank 0 once every rank has finished,
 ``manifest.json``: the size and CRC32 of every other file, and the run's
 parallel layout. A directory without a manifest, or whose files disagree with
 it, is not a checkpoint: resume says so, sets it aside as
@@ -14,7 +14,6 @@ it, is not a checkpoint: resume says so, sets it aside as
 from __future__ import annotations
 
 import json
-import random
 import re
 import shutil
 import zlib
@@ -22,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-import numpy
 import torch
 import torch.distributed as dist
 
+from prores.run import rng
 from prores.run.files import write_atomic
 
 MANIFEST = "manifest.json"
@@ -82,26 +81,6 @@ def _problem(tag_dir: Path) -> Optional[str]:
     return "; ".join(f"{name} {why}" for name, why in sorted(bad.items())) or None
 
 
-def _rng_state() -> dict:
-    """Plain tensors, numbers and strings only, so that it loads with ``weights_only=True`` (no pickle
-    code runs): numpy's state array becomes a list of ints."""
-    name, keys, pos, has_gauss, cached = numpy.random.get_state()
-    state = {"python": random.getstate(), "numpy": (name, keys.tolist(), pos, has_gauss, cached),
-             "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    numpy.random.set_state((name, numpy.asarray(keys, dtype=numpy.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-
 @dataclass
 class Found:
     step: int
@@ -154,7 +133,7 @@ class Checkpoints:
         try:
             engine.save_checkpoint(str(self.root), tag=tag, client_state=client_state, save_latest=False)
             (tag_dir / "rng").mkdir(parents=True, exist_ok=True)
-            torch.save(_rng_state(), tag_dir / "rng" / f"rank{dist.get_rank()}.pt")
+            torch.save(rng.states(), tag_dir / "rng" / f"rank{dist.get_rank()}.pt")
             failed = {}
         except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as a RuntimeError
             failed = {dist.get_rank(): str(getattr(exc, "strerror", None) or exc).splitlines()[0]}
@@ -216,15 +195,6 @@ class Checkpoints:
                 path.rename(aside)
             dist.barrier()
         return None
-
-    @staticmethod
-    def load_rng(found: Found) -> bool:
-        """Restore this rank's RNG states if the checkpoint has them (same world size)."""
-        path = found.path / "rng" / f"rank{dist.get_rank()}.pt"
-        if found.manifest.get("world_size") != dist.get_world_size() or not path.is_file():
-            return False
-        _set_rng_state(torch.load(path, weights_only=True))
-        return True
 
     def remove_all(self) -> None:
         """Rank 0 deletes every checkpoint (``--no-resume --overwrite``)."""
