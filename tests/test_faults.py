@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 from conftest import NO_SLURM, child_env, cli_command, need, run_cli, slurm_available, torchrun, train_args
 from prores.monitor.tensorboard import read_scalars
@@ -205,6 +206,49 @@ def test_a_save_on_a_full_disk_keeps_the_previous_checkpoint_and_the_run_goes_on
     assert proc.returncode == 0 and "resuming from step 10" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
     losses = [read_scalars(d, lambda t: t == "train/loss")["train/loss"] for d in (straight, resumed)]
     assert {s: v for s, v in losses[0].items() if s >= 10} == {s: v for s, v in losses[1].items() if s >= 10}
+
+
+def test_a_save_that_fails_on_one_rank_only_fails_everywhere_and_the_run_goes_on(tmp_path):
+    """dp 2: rank 1's ZeRO shard of step 30 cannot be written (a directory put where its file goes once the step-10
+    checkpoint exists: a real IsADirectoryError inside DeepSpeed's save, after its first barrier, on that rank
+    alone). Every rank agrees that the save failed, within the collectives' timeout: the earlier checkpoints stay,
+    the run completes and saves step 40."""
+    run_dir = tmp_path / "run"
+    log = open(tmp_path / "log", "w")
+    job = subprocess.Popen(cli_command(*train_args(run_dir, FULL + (
+        "train.steps=40", "train.eval_interval=40", "train.micro_batch_size=2", "parallel.timeout=60",
+        "checkpoint.keep_last=0")), launcher=torchrun(2)), stdout=log, stderr=subprocess.STDOUT, env=child_env())
+    try:
+        deadline = time.monotonic() + 300
+        while not (run_dir / "checkpoints" / "global_step10" / "manifest.json").exists():
+            assert job.poll() is None and time.monotonic() < deadline, (tmp_path / "log").read_text()[-3000:]
+            time.sleep(0.01)
+        (run_dir / "checkpoints" / "global_step30" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").mkdir(parents=True)
+        assert job.wait(timeout=300) == 0, (tmp_path / "log").read_text()[-3000:]
+    finally:
+        job.kill()
+    out = (tmp_path / "log").read_text()
+    failed = [line for line in out.splitlines() if "not saved" in line]
+    assert len(failed) == 1 and failed[0].startswith("checkpoint of step 30 not saved: a write failed under"), failed
+    assert "rank 1: " in failed[0] and "global_step20 is intact" in failed[0]
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("global_step*")) == [
+        "global_step10", "global_step20", "global_step40"]
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+
+
+def test_deepspeeds_save_passes_the_barriers_prores_meets_after_a_failure(tmp_path, world_of_one):
+    """prores.run.checkpoint.SAVE_BARRIERS is deepspeed's count in engine.save_checkpoint: a rank whose save failed
+    meets that many barriers, so a DeepSpeed that changes it must fail here."""
+    from prores.config import load_config
+    from prores.launcher.builders import build_engine, build_model
+    from prores.run.checkpoint import SAVE_BARRIERS, _counted_barriers
+
+    cfg = load_config(None, ("model.num_layers=1", "model.hidden_size=16", "model.ffn_hidden_size=32",
+                             "model.seq_length=8", "kernels.backend=eager"))
+    engine = build_engine(cfg, build_model(cfg, world_of_one, 258, torch.device("cpu")).module, world_of_one)
+    with _counted_barriers() as passed:
+        engine.save_checkpoint(str(tmp_path), tag="t", save_latest=False)
+    assert passed[0] == SAVE_BARRIERS
 
 
 def test_slurm_train_sbatch_restarts_a_step_whose_rank_was_killed(straight, tmp_path):

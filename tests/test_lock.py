@@ -338,3 +338,37 @@ def test_stress_exactly_one_holder_at_every_instant(tmp_path):
     assert len(set(runs)) >= 200
     assert any("gone (pid" in t and "host stress-" in t for t in takeovers)  # by the lease
     assert any("gone (pid" in t and "host stress-" not in t for t in takeovers)  # by the pid
+
+
+def test_a_lapsed_holder_writes_nothing_after_the_takeover(tmp_path):
+    """A trainer (tests/lapsed_holder.py: a 2 s lease, posing as another host) is stopped (SIGSTOP) past its lease
+    after its first checkpoint; a taker takes the lock over meanwhile. Continued, the lapsed trainer exits 75
+    with one line, and not a byte of the run directory changed after the takeover (no checkpoint, no summary,
+    no events, no progress)."""
+    import signal
+
+    run = tmp_path / "run"
+    args = train_args(run, TRAIN + ("checkpoint.interval=20", "train.hang_timeout=0"))
+    log = open(tmp_path / "holder.log", "w")
+    holder = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "lapsed_holder.py"), *args],
+                              stdout=log, stderr=subprocess.STDOUT, env=child_env())
+    taker = RunLock(run, lease=2.0, heartbeat=0.2)
+    try:
+        deadline = time.monotonic() + 300
+        while not (run / "checkpoints" / "global_step20" / "manifest.json").exists():
+            assert holder.poll() is None and time.monotonic() < deadline, (tmp_path / "holder.log").read_text()
+            time.sleep(0.05)
+        holder.send_signal(signal.SIGSTOP)
+        taker.acquire()  # waits out the stopped holder's lease, then takes the lock over
+        before = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in run.rglob("*") if p.is_file() and p.name != LOCK}
+        holder.send_signal(signal.SIGCONT)
+        assert holder.wait(timeout=120) == 75
+        after = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in run.rglob("*") if p.is_file() and p.name != LOCK}
+        assert after == before
+        out = (tmp_path / "holder.log").read_text()
+        assert out.count(f"exiting 75 without writing anything more into {run}") == 1, out[-3000:]
+        assert "Traceback" not in out
+        assert not (run / "summary.json").exists()
+    finally:
+        holder.kill()
+        taker.release()

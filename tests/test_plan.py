@@ -4,14 +4,13 @@ split, the bubble, `prores plan`, and peak memory against a measured `prores tra
 import importlib.util
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from conftest import run_cli
 from prores.config import load_config
-from prores.launcher.builders import dropout_seed
+from prores.run.rng import stream_seed
 from prores.model.block import Block
 from prores.model.gpt import Embedding, FinalNorm, Head, lm_loss
 from prores.model.prores import ProRes
@@ -175,11 +174,10 @@ def test_plan_refuses_a_bad_memory_size():
         "prores: error: --gpu-memory 'lots': expected a size in GiB such as 80GB or 141GiB")
 
 
-def test_dropout_streams_differ_between_data_parallel_ranks_and_stages_only():
-    topo = lambda pp, dp: SimpleNamespace(pp_rank=pp, dp_rank=dp)  # noqa: E731  (tp plays no part)
-    seeds = {(pp, dp): dropout_seed(1234, topo(pp, dp)) for pp in range(4) for dp in range(16)}
+def test_dropout_streams_differ_between_data_parallel_ranks_stages_and_resumes_only():
+    seeds = {(pp, dp, step): stream_seed(1234, pp, dp, step) for pp in range(4) for dp in range(16) for step in (0, 7)}
     assert len(set(seeds.values())) == len(seeds)
-    assert dropout_seed(1234, topo(1, 3)) == seeds[(1, 3)] != dropout_seed(1235, topo(1, 3))
+    assert stream_seed(1234, 1, 3) == seeds[(1, 3, 0)] != stream_seed(1235, 1, 3)
 
 
 # Where the plan claims ±15% of the measured peak (the README's table has every case): activations

@@ -177,9 +177,8 @@ def test_resume_refuses_another_pp_without_zero_and_no_resume_needs_overwrite(st
     before = sorted(p.relative_to(run) for p in run.rglob("*"))
     proc = run_cli(*train_args(run, "parallel.pp=2", "parallel.zero_stage=0"), launcher=torchrun(2), timeout=300)
     assert proc.returncode != 0
-    assert proc.stderr.count("was written with parallel.tp=1 parallel.pp=1, this run has tp=1 pp=2: a resume on"
-                             " another tp or pp reads the ZeRO optimizer shards, and this run has"
-                             " parallel.zero_stage=0") == 1
+    assert proc.stderr.count("cannot be resumed exactly here (parallel.zero_stage 1 -> 0; parallel.pp 1 -> 2):"
+                             " another layout reads the ZeRO-1 optimizer shards by name") == 1
     proc = run_cli(*train_args(run), "--no-resume", timeout=300)
     assert proc.returncode == 2 and "already has checkpoints" in proc.stderr and "Traceback" not in proc.stderr
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before  # nothing touched
@@ -188,25 +187,6 @@ def test_resume_refuses_another_pp_without_zero_and_no_resume_needs_overwrite(st
     assert scalars(run).keys() == scalars(straight["pp1"]).keys()
     assert scalars(run)["train/loss"] == scalars(straight["pp1"])["train/loss"]  # a fresh, identical run
     assert len(list(run.glob("events.out.tfevents.*"))) == 1  # the old events went with the old checkpoints
-
-
-DP1, DP2 = (None, ()), (torchrun(2), ("train.micro_batch_size=4",))  # the same global batch of 8
-
-
-@pytest.mark.parametrize("before,after", [(DP2, DP1), (DP1, DP2)], ids=["dp2-to-dp1", "dp1-to-dp2"])
-def test_resume_with_another_dp(straight, tmp_path, before, after):
-    """ZeRO-1 optimizer shards are re-cut for the new dp: the run continues as if uninterrupted."""
-    run_b = tmp_path / "B"
-    kill_after_checkpoint(run_b, before[0], before[1])
-    proc = run_cli(*train_args(run_b, *after[1]), launcher=after[0])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    dp = (2, 1) if before is DP2 else (1, 2)
-    assert f"resuming from step {KILL_AFTER}" in proc.stdout
-    assert f"(dp {dp[0]} -> {dp[1]}; RNG streams start afresh)" in proc.stdout
-    a, b = scalars(straight["pp1"]), scalars(run_b)
-    for step in range(KILL_AFTER, STEPS):  # dp changes the summation order only
-        assert b["train/loss"][step] == pytest.approx(a["train/loss"][step], rel=1e-5), step
-        assert b["train/samples"][step] == a["train/samples"][step]
 
 
 def test_a_stop_signal_to_one_rank_stops_all_at_the_same_step(straight, tmp_path):

@@ -14,6 +14,7 @@ stages, bf16, dropout on (so the RNG streams matter)."""
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -84,7 +85,7 @@ def resumed(source: Path, config: str, layout: tuple, tmp: Path) -> tuple[list[d
     shutil.copytree(source, run)
     cut_to(run, STEP)
     launcher, overrides = layout_args(config, layout)
-    command = [*(launcher[:-2] if launcher else ["python"]), str(HERE / "state_dump.py"), str(run), str(tmp / "dump"),
+    command = [*(launcher[:-2] if launcher else [sys.executable]), str(HERE / "state_dump.py"), str(run), str(tmp / "dump"),
                *overrides]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=child_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -196,3 +197,37 @@ def test_every_rank_holds_exactly_the_saved_state_after_a_layout_change(sources,
     assert all(all(torch.equal(s, group[0]) for s in group) for group in streams.values())
     firsts = [group[0] for group in streams.values()]
     assert all(not torch.equal(a, b) for i, a in enumerate(firsts) for b in firsts[i + 1:])
+
+
+# the issue's repro: DyT (a scalar alpha in every norm), 2 blocks of width 32, dp 2, resumed on dp 1 at step 4
+REPRO = ("model.norm=dyt", "model.num_layers=2", "model.hidden_size=32", "model.ffn_hidden_size=64",
+         "model.num_heads=2", "model.seq_length=32", "train.micro_batch_size=2", "train.steps=8",
+         "train.log_interval=1", "train.eval_interval=4", "data.eval_samples=16", "checkpoint.interval=4",
+         "checkpoint.keep_last=0", "kernels.backend=eager", "optim.warmup_steps=2", "logging.progress_bar=false")
+
+
+def test_a_dp2_dyt_checkpoint_resumed_on_dp1_continues_the_straight_run(tmp_path):
+    """Its masters at the resume are the saved ones exactly, and every loss after it the straight run's up to the
+    order of the sums (dp 2 adds two micro-batches' gradients in another order than dp 1's accumulation)."""
+    from test_resume import scalars
+
+    straight = tmp_path / "straight"
+    args = [a for o in REPRO for a in ("--set", o)]
+    proc = run_cli("train", "--run-dir", str(straight), *args, launcher=torchrun(2))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "run"
+    shutil.copytree(straight, run)
+    cut_to(run, 4)
+    proc = subprocess.run([sys.executable, str(HERE / "state_dump.py"), str(shutil.copytree(run, tmp_path / "copy")),
+                           str(tmp_path / "dump"), *REPRO, "train.micro_batch_size=4"],
+                          capture_output=True, text=True, timeout=600, env=child_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got, attrs = loaded_state([torch.load(tmp_path / "dump" / "rank0.pt", weights_only=False)])
+    want = saved_state(run / "checkpoints" / "global_step4", (1, 1, 2), attrs)
+    assert all(torch.equal(got[n]["fp32"], want[n]["fp32"]) for n in want)
+    proc = run_cli("train", "--run-dir", str(run), *args, "--set", "train.micro_batch_size=4")
+    assert proc.returncode == 0 and "resuming step 4 from tp1 x pp1 x dp2 on tp1 x pp1 x dp1" in proc.stdout
+    a, b = scalars(straight), scalars(run)
+    for step in range(4, 8):
+        assert b["train/loss"][step] == pytest.approx(a["train/loss"][step], rel=1e-5), step
+    assert b["valid/loss"][8] == pytest.approx(a["valid/loss"][8], rel=1e-5)

@@ -14,6 +14,8 @@ import contextlib
 import importlib
 
 CALLBACKS = {
+    "lock_lapse": ("prores.run.callbacks:StopWhenLapsed", "first: a run whose lock was taken over or lapsed during a"
+                                                          " step exits 75 before anything of the step is written"),
     "hang_watchdog": ("prores.run.watchdog:WatchForHangs", "train.hang_timeout: a rank with no progress for it writes"
                                                            " its stacks to RUN/hangs/ and exits 124; faults and"
                                                            " restarts in the summary"),

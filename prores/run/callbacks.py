@@ -19,6 +19,8 @@ list order, so a check that can veto a checkpoint comes before the one that save
 from __future__ import annotations
 
 import math
+import os
+import sys
 from typing import Optional
 
 from prores.run.progress import Progress
@@ -170,11 +172,12 @@ def save_unless_saved(trainer, step: int):
 
 class KeepRunLock(Callback):
     """Rank 0 holds ``RUN/lock`` (:mod:`prores.run.lock`); every rank stops after the same step once it is lost.
-    Not renewed for half its lease: the run saves a checkpoint while the lease still holds, and stops. Taken
-    over by another trainer: it stops at once, writing nothing more into a directory that is no longer its own.
-    Either way ``prores train`` exits with :data:`EXIT_LOST_LOCK`."""
+    Not renewed for half its lease: the run saves a checkpoint while the lease still holds, and stops. Taken over
+    by another trainer, or its lease lapsed: every rank exits :data:`EXIT_LOST_LOCK` at once, after one line,
+    writing nothing more (no checkpoint, no summary, no event or progress flushed) into a directory that may be
+    another's now. Either way ``prores train`` exits with :data:`EXIT_LOST_LOCK`."""
 
-    UNRENEWED, TAKEN = 1, 2
+    UNRENEWED, LAPSED = 1, 2
 
     def post_step(self, trainer, step: int, metrics: dict) -> None:
         if trainer.stop_status is not None:
@@ -182,15 +185,33 @@ class KeepRunLock(Callback):
         lock, code = getattr(trainer, "lock", None), 0
         why = lock.lost() if lock is not None else None
         if why:
-            code = self.TAKEN if lock.taken else self.UNRENEWED
+            code = self.LAPSED if lock.lapsed() else self.UNRENEWED
         code = highest_on_any_rank(code, trainer.device) if trainer.topo.world_size > 1 else code
         if not code:
             return
-        if code == self.UNRENEWED:
-            saved = save_unless_saved(trainer, step + 1)
-            why = (f"{why or 'the lock could not be renewed'}; "
-                   + (f"checkpoint {saved} saved" if saved else "no checkpoint of this step could be saved"))
-        trainer.request_stop("lost_lock", f"stopping after step {step + 1}: {why or 'the lock was taken over'}")
+        if code == self.LAPSED:
+            exit_lapsed(trainer, step, why)
+        saved = save_unless_saved(trainer, step + 1)
+        why = f"{why}; " + (f"checkpoint {saved} saved" if saved else "no checkpoint of this step could be saved")
+        trainer.request_stop("lost_lock", f"stopping after step {step + 1}: {why}")
+
+
+class StopWhenLapsed(KeepRunLock):
+    """:class:`KeepRunLock`'s lapsed case, first of a step's callbacks: a lock taken over or lapsed during the
+    step ends every rank before any callback writes anything of it (its scalars, a checkpoint due)."""
+
+    def post_step(self, trainer, step: int, metrics: dict) -> None:
+        lock = getattr(trainer, "lock", None)
+        code = self.LAPSED if lock is not None and lock.lapsed() else 0
+        if (highest_on_any_rank(code, trainer.device) if trainer.topo.world_size > 1 else code):
+            exit_lapsed(trainer, step, lock.lost() if lock is not None else None)
+
+
+def exit_lapsed(trainer, step: int, why: Optional[str]) -> None:
+    trainer.say(f"stopping after step {step + 1}: {why or 'the lock was lost on rank 0'}; exiting {EXIT_LOST_LOCK}"
+                f" without writing anything more into {trainer.run_dir}")
+    sys.stderr.flush()
+    os._exit(EXIT_LOST_LOCK)  # no exit handler, writer thread or buffer may write after this line
 
 
 class StopOnSignal(Callback):

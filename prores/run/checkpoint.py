@@ -13,6 +13,7 @@ it, is not a checkpoint: resume says so, sets it aside as
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -45,6 +46,30 @@ def _crc32(path: Path) -> int:
 
 def _files(tag_dir: Path) -> list[str]:
     return sorted(str(p.relative_to(tag_dir)) for p in tag_dir.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+# deepspeed 0.19.8's engine.save_checkpoint: one barrier before any file is written, one after the last
+# (tests/test_faults.py checks the count, so a DeepSpeed that changes it fails there, not in a cluster's save)
+SAVE_BARRIERS = 2
+
+
+@contextlib.contextmanager
+def _counted_barriers():
+    """``[n]``: the barriers this rank passed inside the block (deepspeed.comm's, which the engine calls)."""
+    import deepspeed.comm
+
+    passed, barrier = [0], deepspeed.comm.barrier
+
+    def counted(*args, **kwargs):
+        result = barrier(*args, **kwargs)
+        passed[0] += 1
+        return result
+
+    deepspeed.comm.barrier = counted
+    try:
+        yield passed
+    finally:
+        deepspeed.comm.barrier = barrier
 
 
 def _gather(local: dict) -> dict:
@@ -125,18 +150,20 @@ class Checkpoints:
         """Write, then publish: the manifest and ``latest`` appear only after every rank is done. A save that
         fails for want of space (or any other error of the file system) is removed again, said in one line
         (``say``, rank 0), and None returned: the previous checkpoints stay as they were, and the run goes on
-        and tries again at the next interval. (A rank that fails inside DeepSpeed's save, while its peers
-        reach DeepSpeed's own barrier, leaves them waiting there: the hang watchdog's bound for a save ends
-        the job, and its restart resumes from the previous checkpoint.)"""
+        and tries again at the next interval. A rank that fails inside DeepSpeed's save (a full disk on some
+        ranks only) first meets the barriers its peers pass there, so every rank reaches the same verdict."""
         tag = tag_of(step)
         tag_dir = self.root / tag
-        try:
-            engine.save_checkpoint(str(self.root), tag=tag, client_state=client_state, save_latest=False)
-            (tag_dir / "rng").mkdir(parents=True, exist_ok=True)
-            torch.save(rng.states(), tag_dir / "rng" / f"rank{dist.get_rank()}.pt")
-            failed = {}
-        except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as a RuntimeError
-            failed = {dist.get_rank(): str(getattr(exc, "strerror", None) or exc).splitlines()[0]}
+        with _counted_barriers() as passed:
+            try:
+                engine.save_checkpoint(str(self.root), tag=tag, client_state=client_state, save_latest=False)
+                (tag_dir / "rng").mkdir(parents=True, exist_ok=True)
+                torch.save(rng.states(), tag_dir / "rng" / f"rank{dist.get_rank()}.pt")
+                failed = {}
+            except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as a RuntimeError
+                failed = {dist.get_rank(): str(getattr(exc, "strerror", None) or exc).splitlines()[0]}
+        for _ in range(SAVE_BARRIERS - passed[0]):  # a rank that failed inside the save meets its peers' barriers
+            dist.barrier()
         failed = _gather(failed)  # also: every rank's files are on disk
         if failed:
             self._not_saved(tag_dir, step, failed, say)

@@ -24,7 +24,8 @@ What keeps it to one holder (issue 26), each with a test in tests/test_lock.py:
 * The holder's heartbeat survives transient errors (a file briefly missing on NFS, a full quota): it
   retries every second. A holder that has not renewed for half its lease says so in :meth:`RunLock.lost`,
   and the trainer stops at its next step while the lease still holds (a checkpoint, one line): it never
-  goes on past a lease it could not renew. A holder that finds another's name in the file has lost it.
+  goes on past a lease it could not renew. A holder that finds another's name in the file has lost it, and
+  so has one whose lease ran out (:meth:`RunLock.lapsed`): it writes nothing more, not even a checkpoint.
 * A takeover happens under ``RUN/lock.takeover`` (created ``O_EXCL``, held for milliseconds), judging the
   lock again there, so two takers cannot both act on one stale lock; it moves the lock aside and removes
   it only if the moved file is the very one it judged (same inode and holder), else it puts it back.
@@ -319,12 +320,12 @@ class RunLock:
         wait = self.heartbeat
         while not self._stop.wait(wait):
             now = time.monotonic()
-            if now - self.renewed >= self.lease:
-                return  # lapsed: lost() says so; touching the file now could renew another's lock
             holder = read_holder(self.path)
             if holder is not None and holder != self.mine:
                 self.taken = holder.describe()
                 return
+            if now - self.renewed >= self.lease:
+                return  # lapsed: lapsed() says so; touching the file now could renew another's lock
             try:
                 if holder is None:
                     raise FileNotFoundError(self.path)  # missing or unreadable for now: not renewed
@@ -333,12 +334,20 @@ class RunLock:
             except OSError:
                 wait = min(1.0, self.heartbeat)
 
+    def lapsed(self) -> bool:
+        """Another took the lock, or its lease ran out unrenewed (another may have taken it since): from here on
+        this holder must write nothing into the run directory."""
+        return bool(self.taken) or (self.mine is not None and time.monotonic() - self.renewed >= self.lease)
+
     def lost(self) -> Optional[str]:
-        """Why this holder must stop, or None while it holds the lock: another took it, or the lease was not
-        renewed for half its length (stopping now, while it still holds, leaves time for a checkpoint)."""
+        """Why this holder must stop, or None while it holds the lock: another took it, the lease lapsed, or it
+        was not renewed for half its length (stopping then, while it still holds, leaves time for a checkpoint)."""
         if self.taken:
             return f"the run directory's lock {self.path} was taken over by {self.taken}"
         unrenewed = time.monotonic() - self.renewed
+        if self.mine is not None and unrenewed >= self.lease:
+            return (f"the run directory's lock {self.path} was not renewed for {unrenewed:.0f} s, past its lease of"
+                    f" {self.lease:.0f} s: another trainer may hold it now")
         if self.mine is not None and unrenewed >= self.lease / 2:
             return (f"the run directory's lock {self.path} could not be renewed for {unrenewed:.0f} s (its lease is"
                     f" {self.lease:.0f} s): is its file system reachable?")
