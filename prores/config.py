@@ -140,14 +140,17 @@ class TrainConfig:
                                      " the run as diverged, or skip it", choices=("stop", "skip"))
     max_skipped: int = _key(10, "with on_nonfinite=skip: stop as diverged after more non-finite steps in a row",
                             minimum=0)
-    hang_timeout: float = _key(600.0, "seconds a rank may go without finishing a step before it counts the run"
-                                      " hung: it writes its stacks to RUN/hangs/ and exits 124; 0: no watchdog",
+    hang_timeout: float = _key(300.0, "seconds a rank may go without finishing a step before it counts the run"
+                                      " hung: it writes its stacks to RUN/hangs/ and exits 124 (below parallel.timeout, so that a"
+                                      " hang is found with its stacks before a collective's timeout ends the run);"
+                                      " 0: no watchdog",
                                minimum=0.0, operational=True)
     hang_timeout_first_step: float = _key(1800.0, "the same bound for the first step (start-up, compilation)",
                                           minimum=0.0, operational=True)
     hang_timeout_eval: float = _key(1800.0, "the same bound for an evaluation", minimum=0.0, operational=True)
-    max_restarts_without_progress: int = _key(3, "a launcher's restarts in a row that resume from the same"
-                                                 " checkpoint before the run stops instead; 0: no limit", minimum=0,
+    max_restarts_without_progress: int = _key(3, "a job's restarts in a row that resume from the same checkpoint"
+                                                 " before it stops instead (a new job starts with a fresh"
+                                                 " budget); 0: no limit", minimum=0,
                                                  operational=True)
     callbacks: list = _key(list(CALLBACKS), "the run's callbacks, called in this default order whatever the"
                                             " list's (prores/monitor/registry.py)", choices=tuple(CALLBACKS),
@@ -488,6 +491,10 @@ def warnings_of(cfg: Config) -> list[str]:
     if o.warmup_steps > t.steps:
         out.append(f"optim.warmup_steps={o.warmup_steps} is more than train.steps={t.steps}: the learning rate"
                    f" never reaches optim.lr={o.lr:g} (it ends at {t.steps / o.warmup_steps:.0%} of it).")
+    if 0 < t.hang_timeout >= cfg.parallel.timeout:
+        out.append(f"train.hang_timeout={t.hang_timeout:g} is not below parallel.timeout={cfg.parallel.timeout:g}: a"
+                   " rank waiting on a hung peer may fail in its collective first, recorded as 'rank lost' without"
+                   " stacks.")
     return out
 
 

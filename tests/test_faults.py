@@ -16,7 +16,7 @@ import psutil
 import pytest
 import torch
 
-from conftest import NO_SLURM, child_env, cli_command, need, run_cli, slurm_available, torchrun, train_args
+from conftest import NO_SLURM, PORT, child_env, cli_command, need, run_cli, slurm_available, torchrun, train_args
 from prores.monitor.tensorboard import read_scalars
 from prores.run.watchdog import EXIT_HUNG
 
@@ -149,26 +149,91 @@ def test_the_faults_of_a_run_from_its_attempts_and_records(tmp_path):
          "steps_lost": 30, "restart": 1, "lost_s": 15.0}]
 
 
-def test_restarts_that_save_nothing_new_stop_the_run(tmp_path, monkeypatch):
-    """train.max_restarts_without_progress=2: a third start of the same launcher job from the same step is
-    refused with one line; another job (a new submission) starts afresh."""
-    from types import SimpleNamespace
+def test_the_restart_budget_is_a_jobs_and_counts_only_restarts_without_progress(tmp_path, monkeypatch):
+    """train.max_restarts_without_progress=2, by hand: a job whose last two starts resumed from step 100 and ended
+    unclean is refused; a start that ended cleanly, a newer checkpoint, or a new job starts afresh. A job is named
+    by Slurm or torchrun's rendezvous id, never by torchrun's "none" or the shell that ran it."""
+    from prores.run.restarts import budget_spent, job_id
 
-    from prores.run.watchdog import WatchForHangs
+    start = lambda t, step, job="slurm job 7": {"event": "start", "time": float(t), "step": step, "job": job}  # noqa
+    faulted = [start(0, 0), start(1, 100), start(2, 100)]
+    assert re.match(r"2 starts in a row of this job \(slurm job 7\) resumed from step 100 and saved no new"
+                    r" checkpoint: stopping instead of looping", budget_spent(faulted, "slurm job 7", 100, 2))
+    assert budget_spent(faulted, "slurm job 7", 150, 2) is None  # a new checkpoint since
+    assert budget_spent(faulted, "slurm job 8", 100, 2) is None  # a new submission
+    assert budget_spent(faulted, "slurm job 7", 100, 3) is None and budget_spent(faulted, "slurm job 7", 100, 0) is None
+    clean = faulted + [{"event": "ended", "start_time": 2.0, "status": "stopped", "step": 100}]
+    assert budget_spent(clean, "slurm job 7", 100, 2) is None  # a clean end is no fault
+    assert budget_spent(clean + [start(3, 100)], "slurm job 7", 100, 2) is None
 
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
-    job = {"job": "TORCHELASTIC_RUN_ID=x", "host": "h"}
-    write_attempts(tmp_path, *({"event": "start", "time": float(t), "step": s, "restart": t} | job
-                               for t, s in enumerate((0, 100, 100))))
-    trainer = SimpleNamespace(run_dir=tmp_path, step=100,
-                              cfg=SimpleNamespace(train=SimpleNamespace(max_restarts_without_progress=2)))
-    assert re.match(r"2 restarts in a row resumed from step 100 and saved no new checkpoint: stopping instead of"
-                    r" looping", WatchForHangs._budget_spent(trainer))
-    trainer.step = 150  # a new checkpoint since
-    assert WatchForHangs._budget_spent(trainer) is None
-    trainer.step = 100
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "y")  # a new submission
-    assert WatchForHangs._budget_spent(trainer) is None
+    for var in ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(var, raising=False)
+    plain = job_id()
+    assert plain.startswith(f"process {os.getpid()} on ")  # each plain start its own job
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun without --rdzv-id
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert job_id().startswith(f"torchrun agent {os.getppid()} on ")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
+    assert job_id() == "torchrun run abc"
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    assert job_id() == "slurm job 42"
+
+
+def test_a_new_job_after_a_fixed_fault_trains(tmp_path):
+    """The run's record holds four starts that resumed from the same step and faulted, each under a torchrun whose
+    rendezvous id was "none" (as every torchrun without --rdzv-id or --standalone has): a new torchrun of the same
+    run directory, the same way, is another job, and trains to the end."""
+    run_dir = tmp_path / "run"
+    small = FULL + ("train.steps=20", "checkpoint.keep_last=0", "optim.warmup_steps=2")
+    proc = run_cli(*train_args(run_dir, small), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shutil.rmtree(run_dir / "checkpoints" / "global_step20")
+    (run_dir / "summary.json").unlink()
+    job = {"job": "TORCHELASTIC_RUN_ID=none", "host": "h", "restart": 1}  # what such starts were once keyed on
+    write_attempts(run_dir, *({"event": "start", "time": float(t), "step": 10} | job for t in range(4)))
+    launcher = ["torchrun", "--nnodes=1", "--nproc_per_node=1", f"--master_port={PORT}", "-m", "prores"]
+    proc = run_cli(*train_args(run_dir, small + ("train.max_restarts_without_progress=3",)), launcher=launcher,
+                   timeout=600)
+    assert proc.returncode == 0 and "resuming from step 10" in proc.stdout, proc.stderr[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+
+
+def test_a_watchdog_whose_run_directory_cannot_be_written_still_ends_its_hung_rank(tmp_path, small_tmpfs):
+    """The run directory on a tmpfs filled to the last byte after the step-100 checkpoint, then rank 1 stopped:
+    rank 0's watchdog cannot write its stacks or its fault record, says so, writes the stacks to stderr and exits
+    124 within its bound."""
+    disk = small_tmpfs(size="96m", inodes=4000)
+    run_dir = disk / "run"
+    log = open(tmp_path / "job.log", "w")
+    job = subprocess.Popen(cli_command(*train_args(run_dir, CONFIG + (f"train.hang_timeout={HANG_TIMEOUT}",)),
+                                       launcher=torchrun(2)), stdout=log, stderr=subprocess.STDOUT, env=child_env(),
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not (run_dir / "checkpoints" / f"global_step{FAULT_AFTER}" / "manifest.json").exists():
+            assert job.poll() is None and time.monotonic() < deadline, (tmp_path / "job.log").read_text()[-3000:]
+            time.sleep(0.05)
+        subprocess.run(["dd", "if=/dev/zero", f"of={disk / 'filler'}", "bs=1M"], capture_output=True)
+        subprocess.run(["bash", "-c", f"for i in $(seq 4000); do : > {disk}/f$i || break; done"], capture_output=True)
+        peer = worker(job, 1)
+        peer.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        while f"exiting {EXIT_HUNG}" not in (tmp_path / "job.log").read_text():
+            assert time.monotonic() - stopped < 120 and job.poll() is None, (tmp_path / "job.log").read_text()[-3000:]
+            time.sleep(0.1)
+        took = time.monotonic() - stopped
+        peer.send_signal(signal.SIGCONT)  # so that torchrun's SIGTERM reaches it
+        job.wait(timeout=120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    out = (tmp_path / "job.log").read_text()
+    assert re.search(r"prores: warning: cannot write \S+hangs/step\d+-rank0\.txt \(No space left on device\)", out), \
+        out[-3000:]
+    assert re.search(rf"hung at step \d+: no progress in phase '\w+' for \d+ s \(bound {HANG_TIMEOUT} s\); stacks in"
+                     rf" stderr; exiting {EXIT_HUNG}", out), out[-3000:]
+    assert "Thread 0x" in out and "distributed_c10d.py" in out  # the stacks, on stderr
+    assert took < 35, f"rank 0 exited {took:.0f} s after the stop"
 
 
 FULL = ("model.num_layers=2", "model.hidden_size=32", "model.ffn_hidden_size=64", "model.seq_length=32",

@@ -16,9 +16,11 @@ import importlib
 CALLBACKS = {
     "lock_lapse": ("prores.run.callbacks:StopWhenLapsed", "first: a run whose lock was taken over or lapsed during a"
                                                           " step exits 75 before anything of the step is written"),
+    "run_record": ("prores.run.record:RecordRun", "rank 0 records each start, its progress and its clean end"
+                                                  " (RUN/attempts.jsonl, progress.json), refuses a job's start once"
+                                                  " its restarts make no progress; faults and restarts in the summary"),
     "hang_watchdog": ("prores.run.watchdog:WatchForHangs", "train.hang_timeout: a rank with no progress for it writes"
-                                                           " its stacks to RUN/hangs/ and exits 124; faults and"
-                                                           " restarts in the summary"),
+                                                           " its stacks to RUN/hangs/ and exits 124"),
     "scalars": ("prores.monitor.run_scalars:LogScalars",
                 "train/*, valid/*, eval/* and prores/alpha/* in TensorBoard"),
     "spikes": ("prores.monitor.spikes:SpikeScores", "loss and grad-norm spike scores (monitor.spike_*)"),

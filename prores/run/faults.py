@@ -17,28 +17,16 @@ from pathlib import Path
 from typing import Optional
 
 from prores.run.files import write_atomic
+from prores.run.restarts import job_id, restart_count
 
 FAULTS, ATTEMPTS, PROGRESS = "faults", "attempts.jsonl", "progress.json"
-
-
-def launcher_job() -> str:
-    """The launcher job this process belongs to: its restarts share it, a new submission does not."""
-    for var in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
-        if os.environ.get(var):
-            return f"{var}={os.environ[var]}"
-    return f"pid={os.getppid()}"
-
-
-def restart_count() -> int:
-    """This start's restart within its launcher job: torchrun's (--max-restarts) or slurm/train.sbatch's."""
-    return sum(int(os.environ.get(var) or 0) for var in ("TORCHELASTIC_RESTART_COUNT", "PRORES_RESTART_COUNT"))
 
 
 def record_fault(run_dir: Path, fault: dict) -> None:
     """One file per fault under ``RUN/faults/`` (every rank may write one; none is overwritten)."""
     folder = Path(run_dir) / FAULTS
     folder.mkdir(parents=True, exist_ok=True)
-    fault = {"time": time.time(), "job": launcher_job(), "restart": restart_count()} | fault
+    fault = {"time": time.time(), "job": job_id(), "restart": restart_count()} | fault
     write_atomic(folder / f"{time.time_ns()}-rank{fault.get('rank', 0)}.json", json.dumps(fault))
 
 
@@ -55,6 +43,11 @@ def append_attempt(run_dir: Path, entry: dict) -> None:
         fh.write(json.dumps(entry) + "\n")
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def write_progress(run_dir: Path, step: int) -> None:
+    """``RUN/progress.json``: the step this start reached, for the next start to know what a fault lost."""
+    write_atomic(Path(run_dir) / PROGRESS, json.dumps({"step": step, "time": time.time()}))
 
 
 def read_json(path: Path) -> Optional[dict]:

@@ -16,3 +16,21 @@ def write_atomic(path: Path, text: str) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+class Careful:
+    """Writes that must never end their caller (a watchdog, a run's records): a failed one (a full disk, a
+    directory gone) is said once per kind, ``say(line)``, and given up; the caller goes on."""
+
+    def __init__(self, say):
+        self.say, self.failed = say, set()
+
+    def __call__(self, what: str, write) -> bool:
+        try:
+            write()
+            return True
+        except OSError as exc:
+            if what not in self.failed:
+                self.failed.add(what)
+                self.say(f"prores: warning: cannot write {what} ({exc.strerror or exc}); going on without it")
+            return False
