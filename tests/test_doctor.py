@@ -45,3 +45,18 @@ def test_the_doctor_exits_1_naming_what_stops_training(tmp_path):
     assert proc.returncode == 1 and "Traceback" not in out, out[-3000:]
     assert "✗ deepspeed" in out and "libcudart.so.12" in out and "pip install -e ." in out
     assert out.strip().endswith("prores doctor: training cannot start here: deepspeed")
+
+
+def test_the_doctor_warns_of_a_deepspeed_or_megatron_other_than_the_suites(monkeypatch):
+    """The pins come from prores's own metadata (pyproject.toml); another installed version is a ✗ that names
+    both and the fix, and no reason to refuse training."""
+    from prores.launcher import doctor
+
+    assert doctor.pinned()["deepspeed"] == "0.19.8" and doctor.pinned()["megatron-core"] == "0.16.1"
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda d: "0.19.9" if d == "deepspeed" else real(d))
+    check = doctor.version_of("deepspeed", "deepspeed", True, "")
+    assert (check.ok, check.required) == (False, False)
+    assert check.detail == ("0.19.9, not 0.19.8, the version prores's suite ran with (prores relies on its"
+                            " internals): pip install deepspeed==0.19.8")
+    assert doctor.version_of("megatron.core", "megatron-core", True, "").ok

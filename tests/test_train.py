@@ -269,6 +269,35 @@ def test_the_one_replica_zero_shortcuts_change_no_bit(precision):
     assert losses[0] == losses[1] and len(set(losses[0])) == 6
 
 
+IN_EFFECT = """
+import prores.launcher.builders as builders
+from deepspeed.runtime.pipe.engine import PipelineEngine
+from deepspeed.runtime.pipe.schedule import ReduceGrads
+calls, original = [], builders.hand_gradients_to_zero
+builders.hand_gradients_to_zero = lambda engine: (calls.append(type(engine.optimizer).__name__), original(engine))
+def refuse(self, *args, **kwargs):
+    raise AssertionError("DeepSpeed's own ReduceGrads ran")
+PipelineEngine._INSTRUCTION_MAP[ReduceGrads] = refuse  # the engine runs its instructions from this map
+""" + TINY_TRAINER + """
+trainer.step_once()
+trainer.step_once()
+print(calls)
+"""
+
+
+@pytest.mark.parametrize("zero", [1, 0])
+def test_the_one_replica_reduce_grads_is_the_one_that_runs(zero):
+    """At dp 1 with ZeRO-1 each step runs prores's ReduceGrads and never DeepSpeed's (which would fail here); without
+    ZeRO (another optimizer, with no epilogue to call) DeepSpeed's runs and prores's never."""
+    proc = subprocess.run([sys.executable, "-c", IN_EFFECT, "prores", f"parallel.zero_stage={zero}"],
+                          capture_output=True, text=True, timeout=300, env=child_env())
+    if zero:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.split("\n")[-2] == "['DeepSpeedZeroOptimizer', 'DeepSpeedZeroOptimizer']"
+    else:
+        assert proc.returncode != 0 and "DeepSpeed's own ReduceGrads ran" in proc.stderr
+
+
 def test_without_monitors_leaves_the_acting_callbacks_and_puts_all_back():
     """The benchmarks' arm without monitors (registry.without_monitors): inside, the callbacks that are not
     MONITORS, in their order, and no diagnostics hook on a block; after, the run's own list and one hook a block."""

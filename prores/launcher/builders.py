@@ -144,12 +144,14 @@ def build_engine(cfg, module: torch.nn.Module, topo):
     """The optimizer, its learning-rate schedule and DeepSpeed's pipeline engine around ``module``."""
     import deepspeed
     from deepspeed.runtime.pipe.schedule import ReduceGrads
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
     optimizer = build_optimizer(cfg, module, topo)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=deepspeed_config(cfg, topo.dp))
-    if one_replica(topo.dp) and engine.zero_optimization_stage() == 1:
-        # the engine looks its instructions up on itself: this one's ReduceGrads, the class's others
+    if one_replica(topo.dp) and isinstance(engine.optimizer, DeepSpeedZeroOptimizer):
+        # the engine looks its instructions up on itself: this one's ReduceGrads, the class's others (only ZeRO-1/2's
+        # optimizer has the epilogue it calls; tests/test_train.py checks that it is the one that runs)
         engine._INSTRUCTION_MAP = {**engine._INSTRUCTION_MAP, ReduceGrads: hand_gradients_to_zero}
     return engine

@@ -34,13 +34,29 @@ class Check:
         return f"{'✓' if self.ok else '✗'} {self.item:<25} {self.detail}"
 
 
+def pinned() -> dict[str, str]:
+    """The versions prores pins (``dist==version`` in its own package metadata, from pyproject.toml): those its
+    suite ran with, whose internals it relies on (DeepSpeed's pipeline instructions and save barriers,
+    Megatron-core's layers)."""
+    pins = {}
+    for requirement in importlib.metadata.requires("prores") or []:
+        if "==" in requirement and ";" not in requirement and "extra" not in requirement:
+            name, version = requirement.split("==")
+            pins[name.strip().split("[")[0]] = version.strip()
+    return pins
+
+
 def version_of(module: str, dist: str, required: bool, fix: str) -> Check:
     try:
         importlib.import_module(module)
     except Exception as e:  # any failure to import is the finding: say which
         return Check(dist, False, f"does not import ({type(e).__name__}: {str(e).splitlines()[0][:80]}); {fix}",
                      required)
-    return Check(dist, True, importlib.metadata.version(dist), required)
+    version, pin = importlib.metadata.version(dist), pinned().get(dist)
+    if pin is not None and version != pin:  # a warning: training may start, on internals nobody tested
+        return Check(dist, False, f"{version}, not {pin}, the version prores's suite ran with (prores relies on"
+                                  f" its internals): pip install {dist}=={pin}")
+    return Check(dist, True, version, required)
 
 
 def packages() -> list[Check]:
