@@ -201,17 +201,18 @@ class ParallelConfig:
 
 @dataclass
 class LoggingConfig:
-    stats_interval: int = _key(10, "steps between per-layer statistics", minimum=1, operational=True)
+    # not operational: the report's activation metrics are read at these steps (issue 41)
+    stats_interval: int = _key(10, "steps between per-layer statistics", minimum=1)
     progress_bar: bool = _key(True, "a progress bar on a terminal (a log gets plain lines either way)",
                               operational=True)
 
 
 @dataclass
 class MonitorConfig:
+    # not operational: they define the report's spike scores, so runs paired on/off must share them
     spike_sigma: float = _key(7.0, "a spike: more than this many standard deviations above the window's mean",
-                              minimum=0.0, operational=True)
-    spike_window: int = _key(1000, "steps before each step that its spike score compares with", minimum=2,
-                             operational=True)
+                              minimum=0.0)
+    spike_window: int = _key(1000, "steps before each step that its spike score compares with", minimum=2)
 
 
 @dataclass

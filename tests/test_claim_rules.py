@@ -200,7 +200,11 @@ def test_the_on_off_pairs_ignore_operational_keys_only():
                      "train.hang_timeout": 600.0}
     assert [(off.name, on.name) for ps in pairs([base, newer]).values() for off, on in ps] == \
         [("Pre-LN-L48-s1", "Pre-LN + ProRes-L48-s1")]
-    newer.config["optim.lr"] = 3e-3
-    assert pairs([base, newer]) == {}
+    for key, value in (("optim.lr", 3e-3), ("monitor.spike_window", 50), ("monitor.spike_sigma", 5.0),
+                       ("logging.stats_interval", 7)):  # each changes the training or a reported metric
+        other = run("Pre-LN + ProRes", 48, 1, 2.00)
+        other.config[key] = value
+        assert pairs([base, other]) == {}, key
     assert operational_keys() >= {"train.callbacks", "checkpoint.interval", "train.hang_timeout"}
-    assert not operational_keys() & {"optim.lr", "train.steps", "train.eval_interval", "model.num_layers"}
+    assert not operational_keys() & {"optim.lr", "train.steps", "train.eval_interval", "model.num_layers",
+                                     "monitor.spike_window", "monitor.spike_sigma", "logging.stats_interval"}

@@ -8,7 +8,8 @@ import pytest
 
 from conftest import run_cli
 from prores.errors import UsageError
-from prores.study.compare import compare, kendall_tau, ranks
+from prores.study.compare import compare, kendall_tau, ranks, trend
+from prores.study.intervals import interval, t975
 
 FIELDS = ["model.num_layers", "method", "name", "seed", "status", "steps", "final_valid_loss"]
 
@@ -29,11 +30,13 @@ def studies(tmp_path):
     # depth 12, three methods. Short: Pre-LN (2.0, 2.2) -> 2.1, ProRes (1.9, 2.1) -> 2.0, LNS 2.05:
     #   order ProRes < LNS < Pre-LN. Long: Pre-LN (1.5, 1.7) -> 1.6, ProRes (1.2, 1.3) -> 1.25, LNS 1.7:
     #   order ProRes < Pre-LN < LNS. Pairs (LNS, Pre-LN, ProRes): (LNS,Pre-LN) swapped, the two others agree:
-    #   tau = (2 - 1) / 3. ProRes - Pre-LN by seed: short (-0.1, -0.1) -> -0.1 ± 0; long (-0.3, -0.4) -> -0.35
-    #   ± 0.0707: the lead grows. Depth 48: LNS diverged in the long study (worst), Pre-LN seed 2 diverged in the
-    #   short one; short order ProRes 2.5 < LNS 2.6 < Pre-LN (a failed seed: worst); long: ProRes 2.0 < Pre-LN
-    #   2.1 < LNS: of the three pairs only (LNS, Pre-LN) swaps: tau = (2 - 1) / 3; the paired difference uses
-    #   seed 1 only in the short study (-0.2), both seeds in the long one (-0.1 ± 0): the lead shrinks.
+    #   tau = (2 - 1) / 3. ProRes - Pre-LN by seed: short (-0.1, -0.1) -> -0.1, sd 0: [-0.1, -0.1]; long (-0.3,
+    #   -0.4) -> -0.35, sd 0.0707107, half-width t(0.975, 1) 12.706205 x 0.0707107 / sqrt 2 = 0.635310: [-0.9853,
+    #   +0.2853]: the lead grows; the change per seed (-0.2, -0.3) -> -0.25 [-0.8853, +0.3853], which includes 0.
+    #   Depth 48: LNS diverged in the long study (worst), Pre-LN seed 2 diverged in the short one; short order
+    #   ProRes 2.5 < LNS 2.6 < Pre-LN (a failed seed: worst); long: ProRes 2.0 < Pre-LN 2.1 < LNS: of the three
+    #   pairs only (LNS, Pre-LN) swaps: tau = (2 - 1) / 3; the paired difference uses seed 1 at both lengths, the
+    #   only one both methods completed at both (-0.2, then -0.1): the lead shrinks, by +0.1.
     short = results(tmp_path / "short.csv", 250, [
         (12, "Pre-LN", 1, 2.0), (12, "Pre-LN", 2, 2.2), (12, "Pre-LN + ProRes", 1, 1.9), (12, "Pre-LN + ProRes", 2, 2.1),
         (12, "LNS", 1, 2.05), (12, "Only short", 1, 1.0),
@@ -50,7 +53,10 @@ def studies(tmp_path):
 def test_kendall_tau_and_ranks_by_hand():
     assert kendall_tau([1, 2, 3], [1, 2, 3]) == 1 and kendall_tau([1, 2, 3], [3, 2, 1]) == -1
     assert kendall_tau([1, 2, 3, 4], [2, 1, 3, 4]) == pytest.approx(4 / 6)  # one of six pairs swapped
-    assert kendall_tau([math.inf, math.inf, 1], [math.inf, math.inf, 1]) == pytest.approx(2 / 3)  # failed ones tie
+    # tau-b: two failed runs tie in both orderings, which are the same: 2 concordant of 2 untied pairs each
+    assert kendall_tau([math.inf, math.inf, 1], [math.inf, math.inf, 1]) == pytest.approx(1)
+    assert kendall_tau([1, 1, 2], [1, 2, 3]) == pytest.approx(2 / math.sqrt(2 * 3))
+    assert math.isnan(kendall_tau([1, 1], [1, 2]))
     assert ranks([2.1, 2.0, 2.05]) == [3, 1, 2] and ranks([1.0, math.inf, 0.5]) == [2, 3, 1]
 
 
@@ -61,10 +67,38 @@ def test_the_comparison_of_two_studies_by_hand(studies):
                 "| 12 | Pre-LN + ProRes | 2.0000 | 1 | 1.2500 | 1 |",
                 "| 48 | LNS | 2.6000 | 2 | failed | 3 |", "| 48 | Pre-LN | failed | 3 | 2.1000 | 2 |",
                 "| 12 | 3 | +0.333 |", "| 48 | 3 | +0.333 |",
-                "| 12 | -0.1000 ± 0.0000 (2 seeds) | -0.3500 ± 0.0707 (2 seeds) | grows |",
-                "| 48 | -0.2000 (1 seed) | -0.1000 ± 0.0000 (2 seeds) | shrinks |"]:
+                "| 12 | 1, 2 | -0.1000 [-0.1000, -0.1000] (2 seeds) | -0.3500 [-0.9853, +0.2853] (2 seeds) | the lead"
+                " grows | -0.2500 [-0.8853, +0.3853] (2 seeds), includes 0 |",
+                "| 48 | 1 | -0.2000 (1 seed) | -0.1000 (1 seed) | the lead shrinks | +0.1000 (1 seed) |"]:
         assert row in text.splitlines(), row
     assert "Only short" not in text  # a method only one study ran is not compared
+
+
+def test_the_trend_never_says_grows_for_a_treatment_behind_at_both_lengths():
+    assert [trend(a, b) for a, b in [(-0.1, -0.2), (-0.2, -0.1), (0.2, 0.1), (0.1, 0.2), (-0.1, 0.1), (0.1, -0.1),
+                                     (-0.1, 0.0), (0.1, 0.0)]] == [
+        "the lead grows", "the lead shrinks", "the gap closes", "the gap widens", "reverses: the lead becomes a gap",
+        "reverses: the gap becomes a lead", "the lead is lost", "the gap closes to 0"]
+
+
+def test_a_study_whose_treatment_is_behind_at_both_lengths_reads_as_a_gap(tmp_path):
+    """Three seeds: the treatment behind by (0.3, 0.2, 0.4) at 250 steps and (0.1, 0.1, 0.1) at 1000: the gap
+    closes (mean 0.3 -> 0.1); the change (-0.2, -0.1, -0.3) has mean -0.2, sd 0.1, half-width 4.302653 x 0.1 /
+    sqrt 3 = 0.248414: [-0.4484, +0.0484], which includes 0."""
+    rows = lambda d: [(12, "Pre-LN", s, 2.0) for s in (1, 2, 3)] + [  # noqa: E731
+        (12, "Pre-LN + ProRes", s, 2.0 + x) for s, x in zip((1, 2, 3), d)]
+    text = compare(results(tmp_path / "a.csv", 250, rows((0.3, 0.2, 0.4))),
+                   results(tmp_path / "b.csv", 1000, rows((0.1, 0.1, 0.1))))
+    row = next(line for line in text.splitlines() if line.startswith("| 12 | 1, 2, 3 |"))
+    assert "grows" not in row and "| the gap closes | -0.2000 [-0.4484, +0.0484] (3 seeds), includes 0 |" in row
+
+
+def test_the_t_quantiles_are_students():
+    scipy = pytest.importorskip("scipy.stats")
+    for df in range(1, 61):
+        assert t975(df) == pytest.approx(scipy.t.ppf(0.975, df), abs=1e-4), df
+    assert interval([1.0]).low is None and interval([1.0, 3.0]).text() == "+2.0000 [-10.7062, +14.7062] (2 seeds)"
+    assert interval([-1.0, -1.2, -0.8]).verdict == "below 0" and interval([1.0, 3.0]).verdict == "includes 0"
 
 
 def test_runs_not_finished_yet_are_left_out_not_failed(studies):

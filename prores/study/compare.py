@@ -6,10 +6,12 @@ over the methods both studies ran there:
 
 * each method's final validation loss at both lengths (mean over seeds; a run that failed or diverged counts as
   worse than any loss, as in :mod:`prores.study.claims`);
-* the ranking at both (1 = lowest loss), and Kendall's τ between the two rankings (τ-a: concordant minus
-  discordant pairs over all pairs; 1 = the same order, -1 = reversed);
+* the ranking at both (1 = lowest loss), and Kendall's τ-b between the two rankings (concordant minus
+  discordant pairs, over the pairs neither ranking ties: 1 = the same order, ties included; -1 = reversed);
 * the paired difference treatment − reference (``Pre-LN + ProRes`` − ``Pre-LN``: negative when ProRes ends
-  lower), over the seeds both have, at both lengths, and whether the treatment's lead grows with training.
+  lower) at both lengths, over the seeds that both methods completed at both lengths (so that the two lengths
+  compare the same draws), each with its 95% t-interval (:mod:`prores.study.intervals`); what happens to the
+  lead with training (:func:`trend`), and the interval of that change, per seed, long minus short.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ import math
 import statistics
 from itertools import combinations
 from pathlib import Path
-from typing import Optional
 
 from prores.errors import UsageError
+from prores.study.intervals import interval
 from prores.study.runs import DEPTH
 
 METHOD = "method"
@@ -50,15 +52,18 @@ def read_results(target: Path) -> tuple[dict, int, int]:
 
 
 def kendall_tau(a: list[float], b: list[float]) -> float:
-    """τ-a of two orderings of the same items: (concordant − discordant) / all pairs."""
+    """τ-b of two orderings of the same items: (concordant − discordant) / √(pairs untied in a · pairs untied in
+    b); two failed runs (inf − inf) tie, as equal losses do. NaN when either ordering ties everything."""
     pairs = list(combinations(range(len(a)), 2))
-    if not pairs:
-        return math.nan
-    def sign(i, j):  # two failed runs (inf - inf) tie, as equal losses do
-        d = (a[i] - a[j]) * (b[i] - b[j])
+
+    def sign(x, i, j):
+        d = x[i] - x[j]
         return 0 if d == 0 or math.isnan(d) else math.copysign(1, d)
 
-    return sum(sign(i, j) for i, j in pairs) / len(pairs)
+    untied = [sum(sign(x, i, j) != 0 for i, j in pairs) for x in (a, b)]
+    if not untied[0] or not untied[1]:
+        return math.nan
+    return sum(sign(a, i, j) * sign(b, i, j) for i, j in pairs) / math.sqrt(untied[0] * untied[1])
 
 
 def ranks(values: list[float]) -> list[int]:
@@ -69,24 +74,27 @@ def ranks(values: list[float]) -> list[int]:
     return out
 
 
-def paired(treatment: dict, reference: dict) -> Optional[tuple[float, Optional[float], int]]:
-    """Mean and sample spread of treatment − reference over the seeds both completed, and how many."""
-    diffs = [treatment[s] - reference[s] for s in sorted(set(treatment) & set(reference))
-             if math.isfinite(treatment[s]) and math.isfinite(reference[s])]
-    if not diffs:
-        return None
-    return statistics.fmean(diffs), statistics.stdev(diffs) if len(diffs) > 1 else None, len(diffs)
+def finite_seeds(*arms: dict) -> list[str]:
+    """The seeds every arm completed (a finite loss)."""
+    common = set.intersection(*(set(arm) for arm in arms)) if arms else set()
+    return sorted(s for s in common if all(math.isfinite(arm[s]) for arm in arms))
+
+
+def trend(short: float, long: float) -> str:
+    """What training longer does to treatment − reference (negative: the treatment ends lower)."""
+    if short < 0 and long < 0:
+        return "the lead grows" if long < short else "the lead shrinks"
+    if short > 0 and long > 0:
+        return "the gap closes" if long < short else "the gap widens"
+    if short < 0 <= long:
+        return "the lead is lost" if long == 0 else "reverses: the lead becomes a gap"
+    if short > 0 >= long:
+        return "the gap closes to 0" if long == 0 else "reverses: the gap becomes a lead"
+    return "none at first" if long == 0 else ("a lead appears" if long < 0 else "a gap appears")
 
 
 def _loss(v: float) -> str:
     return f"{v:.4f}" if math.isfinite(v) else "failed"
-
-
-def _diff(d) -> str:
-    if d is None:
-        return "n/a"
-    mean, spread, n = d
-    return f"{mean:+.4f}" + (f" ± {spread:.4f}" if spread is not None else "") + f" ({n} seed{'s' if n > 1 else ''})"
 
 
 def compare(short: Path, long: Path, reference: str = "Pre-LN", treatment: str = "Pre-LN + ProRes") -> str:
@@ -107,11 +115,20 @@ def compare(short: Path, long: Path, reference: str = "Pre-LN", treatment: str =
         taus.append((depth, len(methods), kendall_tau(means["a"], means["b"])))
     lines += ["", "Kendall's τ between the two rankings:", "", f"| {DEPTH} | methods | τ |", "|---|---|---|"]
     lines += [f"| {d} | {n} | {t:+.3f} |" for d, n, t in taus]
-    lines += ["", f"{treatment} − {reference}, paired by seed (negative: {treatment} ends lower):", "",
-              f"| {DEPTH} | {a_steps} steps | {b_steps} steps | the lead of {treatment} |", "|---|---|---|---|"]
+    lines += ["", f"{treatment} − {reference} (negative: {treatment} ends lower), paired over the seeds that both"
+              " completed at both lengths: mean and 95% t-interval on n − 1 degrees of freedom; the change is long"
+              " minus short, per seed.", "",
+              f"| {DEPTH} | seeds | {a_steps} steps | {b_steps} steps | with training | change |",
+              "|---|---|---|---|---|---|"]
     for depth in sorted({d for d, _ in a} & {d for d, _ in b}):
-        diffs = [paired(s[(depth, treatment)], s[(depth, reference)])
-                 if (depth, treatment) in s and (depth, reference) in s else None for s in (a, b)]
-        trend = "n/a" if None in diffs else "grows" if diffs[1][0] < diffs[0][0] else "shrinks"
-        lines.append(f"| {depth} | {_diff(diffs[0])} | {_diff(diffs[1])} | {trend} |")
+        arms = [s.get((depth, m)) for s in (a, b) for m in (treatment, reference)]
+        seeds = finite_seeds(*arms) if all(arm is not None for arm in arms) else []
+        if not seeds:
+            lines.append(f"| {depth} | none | n/a | n/a | n/a | n/a |")
+            continue
+        short, long = ([t[s] - r[s] for s in seeds] for t, r in (arms[:2], arms[2:]))
+        ia, ib, change = interval(short), interval(long), interval([y - x for x, y in zip(short, long)])
+        said = f"{change.text()}, {change.verdict}" if change.verdict else change.text()
+        lines.append(f"| {depth} | {', '.join(seeds)} | {ia.text()} | {ib.text()} | {trend(ia.mean, ib.mean)} |"
+                     f" {said} |")
     return "\n".join(lines) + "\n"

@@ -1,0 +1,61 @@
+"""What a handful of seeds can tell: a paired difference over seeds with its 95% t-interval on n − 1 degrees of
+freedom (the seeds' draws of data order and initialisation are the sample; the methods share them, so the
+per-seed differences are paired). With two seeds the interval is wide (t = 12.7), and it says so."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Optional
+
+# Student's t, 97.5% quantile, for 1..30 degrees of freedom (scipy.stats.t.ppf(0.975, df); tests/test_compare.py
+# checks the table against it)
+T975 = (12.706205, 4.302653, 3.182446, 2.776445, 2.570582, 2.446912, 2.364624, 2.306004, 2.262157, 2.228139,
+        2.200985, 2.178813, 2.160369, 2.144787, 2.131450, 2.119905, 2.109816, 2.100922, 2.093024, 2.085963,
+        2.079614, 2.073873, 2.068658, 2.063899, 2.059539, 2.055529, 2.051831, 2.048407, 2.045230, 2.042272)
+Z975 = 1.959964
+
+BELOW, ABOVE, OVERLAPS = "below 0", "above 0", "includes 0"
+
+
+def t975(df: int) -> float:
+    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (past 30, its Cornish-Fisher expansion
+    around the normal's, within 1e-4)."""
+    if df < 1:
+        raise ValueError("a t-interval needs at least two values")
+    if df <= len(T975):
+        return T975[df - 1]
+    z = Z975
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+@dataclass(frozen=True)
+class Interval:
+    mean: float
+    low: Optional[float]  # None with one seed: nothing to tell the spread by
+    high: Optional[float]
+    n: int
+
+    @property
+    def verdict(self) -> Optional[str]:
+        """Where the interval lies: wholly below 0, wholly above 0, or across it (None: one seed)."""
+        if self.low is None:
+            return None
+        return BELOW if self.high < 0 else ABOVE if self.low > 0 else OVERLAPS
+
+    def text(self, digits: int = 4) -> str:
+        if self.low is None:
+            return f"{self.mean:+.{digits}f} (1 seed)"
+        return f"{self.mean:+.{digits}f} [{self.low:+.{digits}f}, {self.high:+.{digits}f}] ({self.n} seeds)"
+
+
+def interval(values: list[float]) -> Optional[Interval]:
+    """The mean of ``values`` (per-seed differences) with its 95% t-interval; None for no value."""
+    if not values:
+        return None
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return Interval(mean, None, None, 1)
+    half = t975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    return Interval(mean, mean - half, mean + half, len(values))
