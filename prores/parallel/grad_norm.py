@@ -67,7 +67,9 @@ def grouped_sq_norms(groups: Sequence[Sequence[torch.nn.Parameter]], tensor_of: 
 
 def count_parameters(params, tp_rank: int, model_parallel_group) -> int:
     """Parameters of the whole model, from one data-parallel replica's shards and stages."""
-    total = torch.tensor(float(sum(p.numel() for p in params if counted(p, tp_rank))), dtype=torch.float64)
+    # on the parameters' device: NCCL has no CPU backend (gloo takes either, so no CPU test sees it)
+    total = torch.tensor(float(sum(p.numel() for p in params if counted(p, tp_rank))), dtype=torch.float64,
+                         device=params[0].device)
     dist.all_reduce(total, group=model_parallel_group)
     return int(total.item())
 
