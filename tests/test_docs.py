@@ -227,3 +227,74 @@ def test_the_in_short_paragraphs_quote_their_results_csv(page, study):
     if study == "cpu_horizon":
         allowed |= quoted_values("cpu_depth") | set(re.findall(r"\d+\.\d+", horizon_comparison()))
     assert [f for f in figures if f not in allowed] == [], "not in " + study + "_results.csv"
+
+
+def losses(study: str) -> dict[tuple[int, str], dict[str, float]]:
+    """``{(depth, method): {seed: final loss}}`` of a kept study's completed runs."""
+    out: dict = {}
+    for r in csv.DictReader((ROOT / "docs" / f"{study}_results.csv").open()):
+        if r["status"] == "completed":
+            out.setdefault((int(r["model.num_layers"]), r["method"]), {})[r["seed"]] = float(r["final_valid_loss"])
+    return out
+
+
+def horizon_quantities() -> list[tuple[str, float]]:
+    """Every figure of the horizon page's "In short" paragraph, in order, as the named quantity it stands for:
+    (name, value). A figure quoted for the wrong method, depth or length is out of this order and fails."""
+    from prores.study.compare import finite_seeds, kendall_tau
+    from prores.study.intervals import interval
+
+    short, long = losses("cpu_depth"), losses("cpu_horizon")
+    pro, pre = "Pre-LN + ProRes", "Pre-LN"
+
+    def paired(study, depth):  # over the seeds both methods completed at both lengths, as prores compare pairs
+        seeds = finite_seeds(short[depth, pro], short[depth, pre], long[depth, pro], long[depth, pre])
+        return interval([study[depth, pro][s] - study[depth, pre][s] for s in seeds])
+
+    def mean(study, depth, method):
+        return statistics.fmean(study[depth, method].values())
+
+    def tau(depth):
+        methods = sorted({m for d, m in short if d == depth} & {m for d, m in long if d == depth})
+        return kendall_tau([mean(short, depth, m) for m in methods], [mean(long, depth, m) for m in methods])
+
+    return [("ProRes - Pre-LN, 250 steps, 48", paired(short, 48).mean), ("the same, 1000 steps", paired(long, 48).mean),
+            ("ProRes - Pre-LN, 250 steps, 120", paired(short, 120).mean),
+            ("the same, 1000 steps", paired(long, 120).mean), ("ProRes - Pre-LN, 250 steps, 12", paired(short, 12).mean),
+            ("the same, 1000 steps", paired(long, 12).mean),
+            ("its interval at 120, 1000 steps: low", paired(long, 120).low), ("high", paired(long, 120).high),
+            ("tau at 12", tau(12)), ("tau at 48", tau(48)), ("tau at 120", tau(120)),
+            ("LNS at 120, 250 steps", mean(short, 120, "LNS")), ("LNS at 120, 1000 steps", mean(long, 120, "LNS")),
+            ("LNS - ProRes at 48, 1000", mean(long, 48, "LNS") - mean(long, 48, pro)),
+            ("LNS - ProRes at 120, 1000", mean(long, 120, "LNS") - mean(long, 120, pro)),
+            ("Scaled Init at 48", mean(long, 48, "Pre-LN + Scaled Init")), ("ProRes at 48", mean(long, 48, pro)),
+            ("Scaled Init at 120", mean(long, 120, "Pre-LN + Scaled Init")), ("ProRes at 120", mean(long, 120, pro)),
+            *((f"LayerScale at {d}", mean(long, d, "LayerScale")) for d in (12, 48, 120)),
+            *((f"ProRes - LayerScale at {d}", mean(long, d, pro) - mean(long, d, "LayerScale")) for d in (12, 48, 120)),
+            ("Pre-LN at 12", mean(long, 12, pre)), ("Pre-LN at 120", mean(long, 120, pre))]
+
+
+def test_every_figure_of_the_horizon_summary_is_the_quantity_it_names():
+    """The paragraph's figures, in order, against :func:`horizon_quantities` (each rounded as the page rounds it,
+    signs as written): swapping two depths' or two methods' figures fails."""
+    text = (ROOT / "docs" / "results" / "cpu-horizon.md").read_text()
+    paragraph = text.split("**In short.**", 1)[1].split("\n\n", 1)[0].replace("−", "-")
+    figures = re.findall(r"[-+]?\d+\.\d{2,}", paragraph)
+    want = horizon_quantities()
+    assert len(figures) == len(want), figures
+    for figure, (name, value) in zip(figures, want):
+        digits = len(figure.split(".")[1])
+        shown = f"{value:+.{digits}f}" if figure[0] in "+-" else f"{abs(value):.{digits}f}"
+        assert figure == shown, (name, figure, shown)
+
+
+def test_the_horizon_summary_test_fails_on_a_misattributed_figure(monkeypatch):
+    """The mutation: the page with its 48- and 120-block LayerScale figures swapped."""
+    page = ROOT / "docs" / "results" / "cpu-horizon.md"
+    text = page.read_text()
+    assert "(1.7638, 1.7465 and 1.7250)" in text
+    swapped = text.replace("(1.7638, 1.7465 and 1.7250)", "(1.7638, 1.7250 and 1.7465)")
+    real_read = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda p, *a, **k: swapped if p == page else real_read(p, *a, **k))
+    with pytest.raises(AssertionError, match="LayerScale at 48"):
+        test_every_figure_of_the_horizon_summary_is_the_quantity_it_names()
