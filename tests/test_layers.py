@@ -95,7 +95,7 @@ def test_callbacks_run_in_the_registry_order_whatever_the_list_order():
 
 
 def test_an_unknown_callback_is_one_error():
-    with pytest.raises(ConfigError, match=r"^train.callbacks: 'heatmap' is not allowed; choose from hang_watchdog,"
+    with pytest.raises(ConfigError, match=r"^train.callbacks: 'heatmap' is not allowed; choose from lock_lapse, run_record, hang_watchdog,"
                                           r" scalars,"
                                           r" .*\. Did you mean 'heatmaps'\?$"):
         load_config(None, ("train.callbacks=[scalars, heatmap]",))

@@ -546,21 +546,37 @@ def test_signal_cells_reaches_each_cells_whole_process_group():
 
 
 def test_the_horizon_study_is_the_depth_studys_leaders_at_four_times_the_steps():
-    """configs/sweeps/cpu-horizon.yaml (issue 30): 30 cells of 1,000 steps, depths 12, 48 and 120, five methods,
-    two seeds, and every ProRes cell's deepest block saturated (linear: at t = T·L) by 75% of training."""
+    """configs/sweeps/cpu-horizon.yaml (issues 30 and 41): 54 cells of 1,000 steps, depths 12, 48 and 120, six
+    methods (LayerScale + ProRes since issue 41), three seeds, and every ProRes cell's deepest block saturated
+    (linear: at t = T·L) by 75% of training."""
     from prores.config import load_config
 
     _, cells = expand("cpu-horizon.yaml")
     configs = [load_config("cpu-depth.yaml", c.overrides) for c in cells]
-    assert len(cells) == 30 and {c.train.steps for c in configs} == {1000}
+    assert len(cells) == 54 and {c.train.steps for c in configs} == {1000}
     assert sorted({c.model.num_layers for c in configs}) == [12, 48, 120]
-    assert sorted({c.grid["method"] for c in cells}) == ["LNS", "LayerScale", "Pre-LN", "Pre-LN + ProRes",
-                                                         "Pre-LN + Scaled Init"]
-    assert sorted({c.grid["train.seed"] for c in cells}) == [1, 2]
+    assert sorted({c.grid["method"] for c in cells}) == ["LNS", "LayerScale", "LayerScale + ProRes", "Pre-LN",
+                                                         "Pre-LN + ProRes", "Pre-LN + Scaled Init"]
+    assert sorted({c.grid["train.seed"] for c in cells}) == [1, 2, 3]
     prores = [c for c in configs if c.prores.schedule == "linear"]
-    assert len(prores) == 6 and all(c.prores.T * c.model.num_layers <= 0.75 * c.train.steps for c in prores)
+    assert len(prores) == 18 and all(c.prores.T * c.model.num_layers <= 0.75 * c.train.steps for c in prores)
     assert {(c.model.num_layers, c.prores.T * c.model.num_layers / c.train.steps) for c in prores} == {
         (12, 0.12), (48, 0.48), (120, 0.6)}
+
+
+def test_only_runs_the_cells_with_those_grid_values():
+    """`prores sweep --only KEY=VALUE[,VALUE]` (repeatable, all must match): the part of a sweep to run now."""
+    from prores.study.sweep import SpecError, select
+
+    _, cells = expand("cpu-horizon.yaml")
+    assert [c.name for c in select(cells, ["train.seed=3", "model.num_layers=12,120"])] == [
+        c.name for c in cells if c.grid["train.seed"] == 3 and c.grid["model.num_layers"] in (12, 120)]
+    assert len(select(cells, ["method=LayerScale + ProRes"])) == 9 and select(cells, []) == cells
+    with pytest.raises(SpecError, match=r"^--only 'seed=3': give KEY=VALUE\[,VALUE...\] with KEY one of the grid's"
+                                        r" method, model.num_layers, train.seed\.$"):
+        select(cells, ["seed=3"])
+    with pytest.raises(SpecError, match="no cell matches"):
+        select(cells, ["train.seed=9"])
 
 
 def test_the_runner_starts_the_longest_cells_first(local_sweep):
