@@ -12,7 +12,7 @@ from pathlib import Path
 
 from prores.errors import UsageError
 from prores.run.callbacks import Callback
-from prores.run.faults import PROGRESS, append_attempt, faults, read_attempts, read_json, restarts, write_progress
+from prores.run.faults import ATTEMPTS, PROGRESS, append_attempt, faults, read_attempts, read_json, restarts, write_progress
 from prores.run.files import Careful
 from prores.run.restarts import budget_spent, job_id, restart_count
 from prores.run.signals import highest_on_any_rank
@@ -38,9 +38,8 @@ class RecordRun(Callback):
             raise UsageError(spent)
         if rank0:
             self._previous_reached(trainer.run_dir)
-            self.careful(f"{trainer.run_dir}/attempts.jsonl", lambda: append_attempt(trainer.run_dir, {
-                "event": "start", "time": self.start_time, "step": trainer.step, "job": job_id(),
-                "restart": restart_count(), "host": socket.gethostname()}))
+            self._append(trainer.run_dir, {"event": "start", "time": self.start_time, "step": trainer.step,
+                                           "job": job_id(), "restart": restart_count(), "host": socket.gethostname()})
 
     def _previous_reached(self, run_dir: Path) -> None:
         """How far the previous start got (``RUN/progress.json``): its steps lost if it ended in a fault that left
@@ -48,9 +47,11 @@ class RecordRun(Callback):
         progress = read_json(Path(run_dir) / PROGRESS)
         starts = [a for a in read_attempts(run_dir) if a["event"] == "start"]
         if progress and starts and starts[-1]["time"] <= progress["time"]:
-            self.careful(f"{run_dir}/attempts.jsonl", lambda: append_attempt(run_dir, {
-                "event": "reached", "start_time": starts[-1]["time"], "step": progress["step"],
-                "time": progress["time"]}))
+            self._append(run_dir, {"event": "reached", "start_time": starts[-1]["time"], "step": progress["step"],
+                                   "time": progress["time"]})
+
+    def _append(self, run_dir: Path, entry: dict) -> None:
+        self.careful(str(Path(run_dir) / ATTEMPTS), lambda: append_attempt(run_dir, entry))
 
     def post_step(self, trainer, step: int, metrics: dict) -> None:
         now = time.time()
@@ -60,8 +61,7 @@ class RecordRun(Callback):
 
     def on_end(self, trainer, summary) -> None:
         if trainer.topo.rank == 0 and summary.status in ("completed", "stopped", "diverged"):
-            self.careful(f"{trainer.run_dir}/attempts.jsonl", lambda: append_attempt(trainer.run_dir, {
-                "event": "ended", "start_time": self.start_time, "time": time.time(), "status": summary.status,
-                "step": trainer.step}))
+            self._append(trainer.run_dir, {"event": "ended", "start_time": self.start_time, "time": time.time(),
+                                           "status": summary.status, "step": trainer.step})
         summary.faults = faults(trainer.run_dir)
         summary.restarts = restarts(trainer.run_dir)
