@@ -60,3 +60,16 @@ def test_the_doctor_warns_of_a_deepspeed_or_megatron_other_than_the_suites(monke
     assert check.detail == ("0.19.9, not 0.19.8, the version prores's suite ran with (prores relies on its"
                             " internals): pip install deepspeed==0.19.8")
     assert doctor.version_of("megatron.core", "megatron-core", True, "").ok
+
+
+def test_the_doctor_weighs_the_gpus_a_node_shows_against_its_tasks():
+    """Each launcher's way of saying the tasks a node starts, against the GPUs a process sees."""
+    from prores.launcher.doctor import gpus_for_tasks, tasks_per_node
+
+    assert [tasks_per_node(e) for e in ({"LOCAL_WORLD_SIZE": "8"}, {"SLURM_NTASKS_PER_NODE": "4"},
+                                         {"SLURM_TASKS_PER_NODE": "4(x2),3"}, {})] == [8, 4, 4, None]
+    verdicts = {(gpus, tasks): gpus_for_tasks(gpus, {} if tasks is None else {"LOCAL_WORLD_SIZE": str(tasks)}).ok
+                for gpus, tasks in ((8, 8), (8, 4), (4, 8), (1, 8), (8, None))}
+    assert verdicts == {(8, 8): True, (8, 4): False, (4, 8): False, (1, 8): True, (8, None): True}
+    assert "srun --gpus-per-task=1" in gpus_for_tasks(4, {"SLURM_NTASKS_PER_NODE": "8"}).detail
+    assert "4 idle" in gpus_for_tasks(8, {"LOCAL_WORLD_SIZE": "4"}).detail

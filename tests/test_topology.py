@@ -70,3 +70,19 @@ def test_a_drawn_port_is_free_and_no_outgoing_connection_can_get_it():
                                        ({"SLURM_NTASKS": "1"}, True)])
 def test_a_process_knows_whether_a_launcher_started_others_with_it(env, alone):
     assert launched_alone(env) is alone
+
+
+@pytest.mark.parametrize("local_rank,visible,index", [(0, 1, 0), (3, 1, 0), (3, 8, 3), (0, 8, 0), (7, 8, 7)])
+def test_a_rank_drives_its_own_gpu_whether_it_sees_one_or_the_nodes(local_rank, visible, index):
+    """Slurm's --gpus-per-task=1 shows each task one GPU (index 0 whatever its local rank); torchrun, or srun
+    showing all of a node's GPUs, leaves the rank to take the one at its local rank."""
+    from prores.parallel.topology import cuda_index
+
+    assert cuda_index(local_rank, visible) == index
+
+
+def test_a_rank_without_a_gpu_of_its_own_is_told_how_to_launch():
+    from prores.parallel.topology import cuda_index
+
+    with pytest.raises(TopologyError, match=r"local rank 4 sees 4 GPUs.*--gpus-per-task=1"):
+        cuda_index(4, 4)

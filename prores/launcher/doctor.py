@@ -16,6 +16,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 LAUNCHERS = {"torchrun": "comes with torch", "deepspeed": "comes with deepspeed (pip install -e .)",
              "srun": "Slurm's; only for `srun prores train` and slurm/train.sbatch",
@@ -82,8 +83,36 @@ def devices() -> list[Check]:
                                      " CUDA build of torch and a driver (nvidia-smi)")]
     names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.distributed.is_nccl_available() else None
+    bf16 = torch.cuda.is_bf16_supported()
     return [Check("CUDA", True, f"{torch.version.cuda}; {len(names)} device(s): {', '.join(sorted(set(names)))}"),
-            Check("NCCL", nccl is not None, nccl or "not available: multi-GPU runs need torch built with NCCL")]
+            Check("NCCL", nccl is not None, nccl or "not available: multi-GPU runs need torch built with NCCL"),
+            gpus_for_tasks(len(names), os.environ),
+            Check("bf16", bf16, "supported: train.precision=auto trains in bf16 with fp32 masters" if bf16 else
+                  "not supported on this GPU: train.precision=auto trains in fp32 (TF32 matmuls)")]
+
+
+def tasks_per_node(env) -> Optional[int]:
+    """How many ranks this node starts, as the launcher says it: torchrun's LOCAL_WORLD_SIZE, or Slurm's
+    SLURM_NTASKS_PER_NODE, or the first count of SLURM_TASKS_PER_NODE (``4(x2),3``); None outside a launch."""
+    for key in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        if env.get(key):
+            return int(env[key].split("(")[0].split(",")[0])
+    return None
+
+
+def gpus_for_tasks(gpus: int, env) -> Check:
+    """The GPUs this process sees against the ranks its node starts (topology.cuda_index picks each rank's)."""
+    tasks = tasks_per_node(env)
+    if tasks is None:
+        return Check("GPUs a task", True, f"{gpus} visible; not inside a launch: `prores train` under torchrun"
+                                          f" --nproc-per-node={gpus} (or srun --ntasks-per-node={gpus}) uses them all")
+    if gpus == 1:
+        return Check("GPUs a task", True, f"1 visible to each of {tasks} task(s) a node: each drives its own")
+    if tasks > gpus:
+        return Check("GPUs a task", False, f"{tasks} tasks a node share {gpus} visible GPUs: start {gpus} tasks a node,"
+                                           " or show each task one GPU (srun --gpus-per-task=1)")
+    return Check("GPUs a task", tasks == gpus, f"{tasks} task(s) a node, {gpus} GPUs visible"
+                 + ("" if tasks == gpus else f": {gpus - tasks} idle; start {gpus} tasks a node to use them"))
 
 
 def launchers() -> list[Check]:
@@ -112,8 +141,9 @@ def backends() -> list[Check]:
     from prores.errors import UsageError
     from prores.model.fused import resolve_backend
     from prores.model.kernels import BACKENDS
+    from prores.parallel.topology import run_device
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = run_device()
     x, f = torch.randn(4, 64, device=device), torch.randn(4, 64, device=device)
     weight, alpha = torch.ones(64, device=device), torch.tensor(0.5, device=device)
     want = importlib.import_module(BACKENDS["eager"]).add_norm(x, f, alpha, weight, None, 1e-5, True)[1]

@@ -54,7 +54,7 @@ class Trainer:
         self.cfg, self.run_dir, self.stop_status, self.last_eval = cfg, Path(run_dir), None, {}
         self.lock = lock  # the run directory's, held by rank 0 (the run_lock callback watches it)
         self.topo = start_processes(cfg)
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = self.topo.device
         c = cfg.checkpoint
         self.checkpoints = Checkpoints(self.run_dir, c.keep_last, c.keep_every, c.keep_steps)
         found = self._starting_point(resume, overwrite)

@@ -29,6 +29,7 @@ class Topology:
     pp_rank: int
     dp_rank: int
     ds_topology: object
+    device: torch.device  # where this rank's parameters, activations and every collective's tensors live
 
     @property
     def is_last_stage(self) -> bool:
@@ -42,6 +43,26 @@ class Topology:
     @property
     def is_loss_writer(self) -> bool:
         return self.is_stage_writer and self.is_last_stage
+
+
+def cuda_index(local_rank: int, visible: int) -> int:
+    """The GPU a rank drives, of the ``visible`` ones its process sees: its own when a scheduler shows each task
+    only its own GPU (Slurm's ``--gpus-per-task=1``, ``CUDA_VISIBLE_DEVICES`` of one), else the one at its
+    node-local rank (torchrun, or Slurm showing a task all of its node's GPUs)."""
+    if visible == 1:
+        return 0
+    if 0 <= local_rank < visible:
+        return local_rank
+    raise TopologyError(f"local rank {local_rank} sees {visible} GPUs, none of them its own: start as many tasks a"
+                        " node as it has GPUs (torchrun --nproc-per-node, srun --ntasks-per-node), or show each task"
+                        " one GPU (srun --gpus-per-task=1)")
+
+
+def run_device() -> torch.device:
+    """This process's device: its GPU where CUDA is, else the CPU."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", cuda_index(int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()))
 
 
 TIMEOUT_S = {"collectives": 600.0}  # parallel.timeout, set by the run before its first collective (preflight's)
@@ -60,7 +81,11 @@ def connect() -> None:
 
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        device = run_device()
+        torch.cuda.set_device(device)
+        # DeepSpeed takes LOCAL_RANK for the GPU's index (PipelineModule.to, the engine's device): where a task
+        # sees only its own GPU that index is 0, whatever its rank on the node
+        os.environ["LOCAL_RANK"] = str(device.index)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     timeout = datetime.timedelta(seconds=TIMEOUT_S["collectives"])
     if not torch.distributed.is_initialized() and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
@@ -112,4 +137,4 @@ def init(tp: int, pp: int) -> Topology:
     if (coord.pipe, coord.data, coord.model) != ours:
         raise TopologyError(f"rank {rank}: DeepSpeed places it at {coord}, Megatron at (pipe, data, model)={ours}")
     return Topology(rank=rank, world_size=torch.distributed.get_world_size(), tp=tp, pp=pp, dp=dp,
-                    tp_rank=ours[2], pp_rank=ours[0], dp_rank=ours[1], ds_topology=ds_topo)
+                    tp_rank=ours[2], pp_rank=ours[0], dp_rank=ours[1], ds_topology=ds_topo, device=run_device())
