@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the prores image with podman where no container registry is reachable (tests, CI):
 # the NGC PyTorch base is replaced by a local stand-in - Debian bookworm from debootstrap, Python
-# 3.11 in a venv, g++ (NGC has one) and a CPU torch - then the real Dockerfile is built on it.
+# 3.11 in a venv, g++ (NGC has one), a CPU torch and NGC's pip constraint file pinning it - then the real Dockerfile is built on it.
 #   bash docker/standin-build.sh [TAG]    # default: localhost/prores:standin
 # pip inside the builds sees this machine's wheel cache and package indexes (read-only mounts of
 # the PIP_FIND_LINKS / extra-index directories that `pip config list` names) and its CA bundle.
@@ -33,7 +33,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3 python3
 RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH PIP_CERT=/etc/host-ca.crt \
     PIP_FIND_LINKS=$PIP_FIND_LINKS PIP_EXTRA_INDEX_URL=$PIP_EXTRA_INDEX_URL
-RUN pip install torch==2.13.0
+RUN pip install torch==2.13.0 && mkdir -p /etc/pip && pip freeze > /etc/pip/constraint.txt
 CONTAINERFILE
   podman build "${mounts[@]}" "${pip_env[@]}" -t "$base" "$work" >&2
 fi

@@ -135,7 +135,8 @@ class TrainConfig:
     log_interval: int = _key(10, "steps between logged training scalars (and progress lines)", minimum=1,
                              operational=True)
     eval_interval: int = _key(100, "steps between evaluations (and one at the end)", minimum=1)
-    precision: str = _key("fp32", "parameters and compute", choices=("fp32", "bf16"))
+    precision: str = _key("auto", "parameters and compute: auto is bf16 (fp32 master weights) on a GPU with bf16,"
+                                  " fp32 elsewhere (TF32 matmuls on CUDA)", choices=("auto", "fp32", "bf16"))
     on_nonfinite: str = _key("stop", "a step with a non-finite loss or grad norm (its update is dropped): stop"
                                      " the run as diverged, or skip it", choices=("stop", "skip"))
     max_skipped: int = _key(10, "with on_nonfinite=skip: stop as diverged after more non-finite steps in a row",

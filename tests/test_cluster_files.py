@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import NO_PODMAN, need, run_cli
+from conftest import NO_PODMAN, child_env, need, run_cli
 from test_readme import readme_commands
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,3 +100,19 @@ def test_the_image_builds_and_trains_like_the_host(tmp_path):
 def test_the_files_the_dockerfile_cites_exist():
     cited = re.findall(r"\b(?:tests|docker|slurm|prores)/[\w/.-]+\.(?:py|sh)\b", (ROOT / "Dockerfile").read_text())
     assert cited and [c for c in cited if not (ROOT / c).is_file()] == []
+
+
+def test_the_containers_train_is_one_process_a_gpu(tmp_path):
+    """On one node the entrypoint starts `prores train` under torchrun, one rank a visible GPU (GPUS_PER_NODE
+    stands in for two GPUs here: gloo ranks on the CPU): the checkpoint is cut by two data-parallel ranks."""
+    run_dir = tmp_path / "run"
+    args = ["train", "--run-dir", str(run_dir)]
+    for o in ("model.num_layers=2", "model.hidden_size=32", "model.ffn_hidden_size=64", "model.num_heads=2",
+              "model.seq_length=32", "train.micro_batch_size=2", "train.steps=2", "train.eval_interval=2",
+              "data.eval_samples=4", "kernels.backend=eager", "logging.progress_bar=false"):
+        args += ["--set", o]
+    proc = subprocess.run(["bash", str(ROOT / "docker" / "entrypoint.sh"), *args], capture_output=True, text=True,
+                          env=child_env(GPUS_PER_NODE="2"), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = json.loads(next((run_dir / "checkpoints").glob("global_step*/manifest.json")).read_text())
+    assert manifest["parallel"]["dp"] == 2, manifest["parallel"]

@@ -139,9 +139,14 @@ def test_act_rms_at_step_0_is_the_embedding_for_every_layer(run):
 
 
 def test_resolved_config_is_written(run):
-    run_dir, _, _ = run
+    """What ran: the config with ``train.precision=auto`` made concrete (fp32 on a CPU), said at start-up."""
+    run_dir, _, stdout = run
     written = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert written == load_config(None, OVERRIDES).to_dict()
+    asked = load_config(None, OVERRIDES).to_dict()
+    assert asked["train"]["precision"] == "auto"
+    asked["train"]["precision"] = "fp32"
+    assert written == asked
+    assert "train.precision=auto: using fp32 (on CPU)" in stdout.splitlines()
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"global_step{STEPS}"
 
 

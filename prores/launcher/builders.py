@@ -8,6 +8,7 @@ object, shared by the blocks and the scheduler that sets their alpha.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,20 @@ def start_processes(cfg) -> topology.Topology:
     topo = topology.init(cfg.parallel.tp, cfg.parallel.pp)
     rng.seed_streams(cfg.train.seed, topo.pp_rank, topo.dp_rank)
     return topo
+
+
+def resolve_precision(cfg, device: torch.device) -> tuple:
+    """(cfg with a concrete ``train.precision``, why): ``auto`` is bf16 where the GPU computes in it (as
+    torchtitan's default), else fp32. On CUDA fp32 matmuls use TF32, as Megatron-LM's and torchtitan's do."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    requested = cfg.train.precision
+    if requested != "auto":
+        return cfg, "requested"
+    bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    why = ("a CUDA device with bf16; fp32 master weights" if bf16 else
+           "a CUDA device without bf16; TF32 matmuls" if device.type == "cuda" else "on CPU")
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision="bf16" if bf16 else "fp32")), why
 
 
 def build_data(cfg, run_dir: Path, tokenizer, dp_rank: int = 0, dp: int = 1) -> RunData:

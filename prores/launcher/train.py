@@ -28,12 +28,12 @@ from megatron.core import parallel_state
 from prores.config import Config, config_text, dump_config, warnings_of
 from prores.data.tokenizers import load_tokenizer
 from prores.errors import UsageError
-from prores.launcher.builders import build_data, build_engine, build_model, start_processes
+from prores.launcher.builders import build_data, build_engine, build_model, resolve_precision, start_processes
 from prores.launcher.preflight import Plan, agreed, clean_up_failed_start, preflight, take_lock
 from prores.monitor.registry import build_callbacks
 from prores.monitor.tensorboard import RunWriter, mark_resume
 from prores.parallel.grad_norm import count_parameters
-from prores.parallel.topology import TIMEOUT_S
+from prores.parallel.topology import TIMEOUT_S, run_device
 from prores.parallel.reshard import load_on_other_layout
 from prores.run import rng
 from prores.run.callbacks import Callback
@@ -55,6 +55,7 @@ class Trainer:
         self.lock = lock  # the run directory's, held by rank 0 (the run_lock callback watches it)
         self.topo = start_processes(cfg)
         self.device = self.topo.device
+        self.cfg = cfg = resolve_precision(cfg, self.device)[0]  # train() resolved it already, before preflight
         c = cfg.checkpoint
         self.checkpoints = Checkpoints(self.run_dir, c.keep_last, c.keep_every, c.keep_steps)
         found = self._starting_point(resume, overwrite)
@@ -244,6 +245,8 @@ def train(cfg: Config, run_dir: Path, resume: bool = True, overwrite: bool = Fal
     """One run in ``run_dir``, holding its lock; None when the run was finished already (nothing is touched
     then)."""
     created = not run_dir.exists()
+    requested = cfg.train.precision
+    cfg, why = resolve_precision(cfg, run_device())  # preflight compares it with the checkpoint's
     lock = RunLock(run_dir)
     TIMEOUT_S["collectives"] = cfg.parallel.timeout  # before preflight's first collective: every group has it
     try:
@@ -254,13 +257,14 @@ def train(cfg: Config, run_dir: Path, resume: bool = True, overwrite: bool = Fal
         clean_up_failed_start(run_dir, created, int(os.environ.get("WORLD_SIZE", "1")))
         raise
     try:
-        return _train(cfg, run_dir, plan, resume, overwrite, lock)
+        return _train(cfg, run_dir, plan, resume, overwrite, lock, f"train.precision={requested}:"
+                      f" using {cfg.train.precision} ({why})")
     finally:
         lock.release()
 
 
-def _train(cfg: Config, run_dir: Path, plan: Plan, resume: bool, overwrite: bool,
-           lock: RunLock) -> Optional[Summary]:
+def _train(cfg: Config, run_dir: Path, plan: Plan, resume: bool, overwrite: bool, lock: RunLock,
+           precision: str) -> Optional[Summary]:
     if plan.finished:
         if plan.rank == 0:
             print(f"run directory {run_dir} is finished (step {plan.newest.step}, train.steps={cfg.train.steps});"
@@ -270,6 +274,7 @@ def _train(cfg: Config, run_dir: Path, plan: Plan, resume: bool, overwrite: bool
         for warning in warnings_of(cfg):
             print(f"prores: warning: {warning}", flush=True)
         print(f"run directory {run_dir}", flush=True)
+        print(precision, flush=True)
     trainer = Trainer(cfg, run_dir, resume=resume, overwrite=overwrite, lock=lock)
     if trainer.topo.rank == 0:
         dump_config(cfg, run_dir / "config.yaml")

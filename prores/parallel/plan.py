@@ -140,7 +140,7 @@ def planned_backend(cfg) -> str:
 def stages(cfg, vocab_size: int, layout: Layout, device: str = "cuda") -> list[StageMemory]:
     """Per pipeline stage, what one of its ranks holds; ``device``: the GPUs `prores plan` sizes, or "cpu"
     (what the memory benchmark measures: DeepSpeed's reduce bucket counts only where gradients touch it)."""
-    m, bf16 = cfg.model, cfg.train.precision == "bf16"
+    m, bf16 = cfg.model, cfg.train.precision == "bf16" or (cfg.train.precision == "auto" and device == "cuda")
     element = 2 if bf16 else 4
     shape = Shape(m.seq_length, layout.micro_batch, element, stream=4 if m.fp32_residual else element)
     backend = planned_backend(cfg)
@@ -238,7 +238,8 @@ def describe_plan(cfg, vocab_size: int, gpus: int, gpu_memory: int) -> str:
     """What `prores plan` prints: the configured layout on ``gpus`` GPUs, then the recommended one."""
     m, p = cfg.model, cfg.parallel
     usable = gpu_memory * (1 - HEADROOM)
-    lines = [f"{m.num_layers} blocks of width {m.hidden_size}, {m.seq_length} tokens, {cfg.train.precision},"
+    lines = [f"{m.num_layers} blocks of width {m.hidden_size}, {m.seq_length} tokens, {cfg.train.precision}"
+             f"{' (bf16 on these GPUs)' if cfg.train.precision == 'auto' else ''},"
              f" ZeRO-{p.zero_stage}; memory in GiB per GPU, parameters per tensor-parallel rank;"
              f" {gpus} GPUs of {_gib(gpu_memory)} GiB, {_gib(usable)} usable ({HEADROOM:.0%} left for"
              " buffers)", ""]
