@@ -16,7 +16,8 @@ from prores.model.gpt import Embedding, FinalNorm, Head, lm_loss
 from prores.model.prores import ProRes
 from prores.model.size import (Shape, block_activations, block_parameters, embedding_parameters,
                                head_activations, head_parameters, padded_vocab_size)
-from prores.parallel.plan import balanced_blocks, blocks_per_stage, bubble
+from prores.parallel.plan import (REDUCE_BUCKET, Layout, balanced_blocks, blocks_per_stage, bubble, parameter_bytes,
+                                  stages)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import memory  # noqa: E402  (benchmarks/memory.py)
@@ -147,6 +148,30 @@ def test_the_partition_key_picks_the_split():
     assert blocks_per_stage(load_config("depth/120.yaml", ("parallel.pp=8",)), VOCAB) == [15] * 8
     assert blocks_per_stage(load_config("depth/120.yaml", ("parallel.pp=2", "parallel.stage_layers=[50, 70]",
                                                            "parallel.partition=parameters")), VOCAB) == [50, 70]
+
+
+def test_the_reduce_bucket_exists_only_with_something_to_reduce():
+    """ZeRO-1 in bf16 on GPUs: at dp 1 prores turns contiguous gradients off (no bucket); at dp 2 DeepSpeed keeps
+    the whole bucket, 500M elements of 2 bytes, beside the 12 bytes of master and moments per parameter, halved."""
+    one, two = (parameter_bytes(1000, True, 1, dp, "cuda") for dp in (1, 2))
+    assert (one.weights, one.grads, one.optimizer, one.step) == (2000, 2000, 12000, 10000)
+    assert (two.optimizer, two.step) == (6000 + REDUCE_BUCKET * 2, 5000)
+    assert parameter_bytes(1000, True, 1, 2, "cpu").optimizer == 6000  # untouched pages
+
+
+def test_the_last_stage_holds_its_logits_and_their_gradient_and_statistics_steps_a_weight_copy():
+    """By hand, for a 2-stage bf16 plan of width 64 with a 32,000-token vocabulary: the last stage adds DeepSpeed's
+    buffered logits and their gradient (2 x 32,000 x 2 bytes a token, 32 x 4 tokens a micro-batch) to what
+    autograd keeps of the head; every stage holds a bf16 copy of its blocks' weights while layer statistics run."""
+    cfg = load_config(None, (*SMALL, "train.precision=bf16"))
+    layout = Layout(tp=1, pp=2, dp=1, micro_batch=4, micro_batches=2, recompute="none")
+    shape = Shape(32, 4, 2, stream=4)
+    first, last = stages(cfg, 32000, layout)
+    head = head_activations(cfg.model, shape, 32000, 1, "triton")
+    assert last.activations - first.activations == head + 32 * 4 * 2 * 32000 * 2 - 32 * 4 * 8  # less the ids
+    assert first.diagnostics == last.diagnostics == 2 * block_parameters(cfg.model, 1) * 2
+    quiet = stages(load_config(None, (*SMALL, "train.precision=bf16", "train.callbacks=[scalars]")), 32000, layout)
+    assert quiet[0].diagnostics == 0 and quiet[0].peak == first.peak - first.diagnostics
 
 
 def test_bubble():

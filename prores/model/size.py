@@ -152,3 +152,10 @@ def head_activations(m, shape: Shape, vocab_size: int, tp: int = 1, backend: str
     final_norm = _norm_activations(m, backend, shape.stream_bytes) if LAYOUTS[m.norm_layout].final_norm else 0
     vocab = padded_vocab_size(vocab_size, m.vocab_multiple) // tp
     return shape.seq * shape.batch * (final_norm + h * shape.element + FP32 * vocab + 9)
+
+
+def logits_buffers(m, shape: Shape, vocab_size: int, tp: int = 1) -> int:
+    """What DeepSpeed's pipeline engine adds on the last stage, outside autograd: it keeps each in-flight
+    micro-batch's output, the logits over this rank's vocab slice in the compute dtype, in its buffers until that
+    micro-batch's backward, which then holds their gradient beside them (2 · V · element bytes a token)."""
+    return shape.seq * shape.batch * 2 * (padded_vocab_size(vocab_size, m.vocab_multiple) // tp) * shape.element

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from prores.model.size import (Shape, block_activations, block_parameters, embedding_activations,
-                               embedding_parameters, head_activations, head_parameters)
+                               embedding_parameters, head_activations, head_parameters, logits_buffers)
 
 HEADROOM = 0.10
 GiB = 2**30
@@ -45,13 +45,15 @@ def parameter_bytes(params: int, bf16: bool, zero_stage: int, dp: int, device: s
       fp32 master copy of this rank's partition (4, in fp32 runs too) and Adam's two moments (8) as its 1/dp
       share; the step adds, as 1/dp shares, the partition's reduced gradients (w) and their fp32 copy (4),
       and the denominator torch's AdamW computes out of place (4). On a GPU the pipeline engine also keeps
-      the whole reduce bucket (``REDUCE_BUCKET`` elements of w bytes); on a CPU its pages stay untouched.
+      the whole reduce bucket (``REDUCE_BUCKET`` elements of w bytes) where there is something to reduce: at
+      dp 1 prores turns contiguous gradients off (launcher.builders.ONE_REPLICA_ZERO) and no bucket exists;
+      on a CPU its pages stay untouched.
     * ZeRO-0 fp32 (prores's GlobalNormAdamW): weights, gradients and moments; the step adds the denominator.
     * ZeRO-0 bf16 (DeepSpeed's bf16 optimizer): bf16 weights, bf16 gradients and an fp32 accumulator of them,
       the fp32 master and the moments; the step adds the master's fp32 gradient and the denominator."""
     w = 2 if bf16 else 4
     if zero_stage == 1:
-        bucket = REDUCE_BUCKET * w if device == "cuda" else 0
+        bucket = REDUCE_BUCKET * w if device == "cuda" and dp > 1 else 0
         return ParameterBytes(params * w, params * w, params * (4 + 8) // dp + bucket, params * (w + 4 + 4) // dp)
     if bf16:
         return ParameterBytes(params * w, params * (w + 4), params * (4 + 8), params * (4 + 4))
@@ -120,10 +122,11 @@ class StageMemory:
     grads: int
     optimizer: int
     step: int  # what the optimizer step adds while the activations are gone
+    diagnostics: int  # LayerDiagnostics' copy of the stage's block weights, held through a statistics step
     activations: int  # one micro-batch, without recompute
     recomputed: int  # one micro-batch, with model.recompute=block
     in_flight: int  # micro-batches whose activations the stage holds at once
-    peak: int  # weights + grads + optimizer + the larger of the in-flight activations (with the layout's
+    peak: int  # weights + grads + optimizer + diagnostics + the larger of the in-flight activations (with the layout's
     # recompute) and the optimizer step's buffers
 
 
@@ -155,13 +158,15 @@ def stages(cfg, vocab_size: int, layout: Layout, device: str = "cuda") -> list[S
             ends += embedding_activations(m, shape)
         if s == len(counts) - 1:
             params += head_parameters(m, vocab_size, layout.tp)
-            ends += head_activations(m, shape, vocab_size, layout.tp, backend)
+            ends += head_activations(m, shape, vocab_size, layout.tp, backend) + logits_buffers(m, shape, vocab_size,
+                                                                                               layout.tp)
         in_flight = min(layout.micro_batches, layout.pp - s)
         full, kept = n * one_block + ends, n * block_input + ends
         held = in_flight * full if layout.recompute == "none" else in_flight * kept + one_block
         p = parameter_bytes(params, bf16, cfg.parallel.zero_stage, layout.dp, device)
-        out.append(StageMemory(n, params, p.weights, p.grads, p.optimizer, p.step, full, kept + one_block, in_flight,
-                               p.weights + p.grads + p.optimizer + max(held, p.step)))
+        copy = n * block_parameters(m, layout.tp) * element if "layer_stats" in cfg.train.callbacks else 0
+        out.append(StageMemory(n, params, p.weights, p.grads, p.optimizer, p.step, copy, full, kept + one_block,
+                               in_flight, p.weights + p.grads + p.optimizer + copy + max(held, p.step)))
     return out
 
 
@@ -224,12 +229,12 @@ def _gib(n: int) -> str:
 
 
 def stage_table(stage_list: list[StageMemory]) -> str:
-    rows = ["| stage | blocks | parameters | weights | grads | optimizer (step) | activations / micro-batch"
-            " (recompute) | in flight | peak |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    rows = ["| stage | blocks | parameters | weights | grads | optimizer (step) | statistics copy | activations /"
+            " micro-batch (recompute) | in flight | peak |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for i, s in enumerate(stage_list):
         rows.append(f"| {i} | {s.blocks} | {s.parameters / 1e6:.1f}M | {_gib(s.weights)} | {_gib(s.grads)} |"
-                    f" {_gib(s.optimizer)} ({_gib(s.step)}) | {_gib(s.activations)} ({_gib(s.recomputed)}) | {s.in_flight} |"
+                    f" {_gib(s.optimizer)} ({_gib(s.step)}) | {_gib(s.diagnostics)} | {_gib(s.activations)} ({_gib(s.recomputed)}) | {s.in_flight} |"
                     f" {_gib(s.peak)} |")
     return "\n".join(rows)
 
