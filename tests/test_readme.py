@@ -168,3 +168,12 @@ def test_the_readme_findings_are_the_studies_numbers():
     assert min(effects, key=effects.get) == "Pre-LN"  # "helps Pre-LN most"
     assert f"by {-effects['Pre-LN']:.4f} nats at 48 blocks" in text
     assert f"LayerScale alone is lower there ({mean('LayerScale', 'off'):.4f} against {mean('Pre-LN', 'on'):.4f})" in text
+
+
+def test_the_pages_say_the_gpu_paths_are_untested_until_the_check_has_run():
+    """Until benchmarks/gpu_check.sh's kept verdicts exist, the README and the manual say that no path has run
+    on a GPU."""
+    if (ROOT / "docs" / "gpu_check.txt").is_file():
+        return
+    assert "No path has run on a GPU yet" in (ROOT / "README.md").read_text()
+    assert "None has run on a GPU yet" in (ROOT / "docs" / "getting-started.md").read_text()
