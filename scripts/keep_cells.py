@@ -1,6 +1,7 @@
 """A sweep's finished cells, small enough to keep in git or share: each run directory without its checkpoints,
 dataset cache and lock, its event files cut to one holding the series `prores report` reads
-(prores.study.runs.READ and READ_FAMILIES, as TensorBoard shows them after resumes). `--restore` copies them
+(prores.study.runs.READ and READ_FAMILIES, as TensorBoard shows them after resumes; alpha only where a ProRes
+schedule ran, elsewhere it is 1 throughout and unread), as one CELL.tar.xz. `--restore` unpacks them
 into a sweep directory, where `prores sweep` skips them (their summary says they finished) and `prores report`
 reads them as it read the originals. A ProRes or Pre-LN cell that kept checkpoints for `prores analyze` is kept
 only once its analysis exists (`prores report SWEEP_DIR` runs it).
@@ -15,7 +16,11 @@ import argparse
 import json
 import shutil
 import sys
+import tarfile
+import tempfile
 from pathlib import Path
+
+import yaml
 
 from prores.monitor.tensorboard import read_scalars
 from prores.run.checkpoint import Checkpoints
@@ -31,37 +36,44 @@ def keep(sweep_dir: Path, kept: Path) -> None:
     shutil.copy2(sweep_dir / "cells.jsonl", kept / "cells.jsonl")
     for line in (sweep_dir / "cells.jsonl").read_text().splitlines():
         run_dir = Path(json.loads(line)["run_dir"])
-        out = kept / run_dir.name
+        out = kept / f"{run_dir.name}.tar.xz"
         summary = read_summary(run_dir)
-        if summary is None or summary.get("status") not in FINAL or out.is_dir():
+        if summary is None or summary.get("status") not in FINAL or out.is_file():
             continue
         if len(Checkpoints(run_dir).complete()) > 1 and not (run_dir / "analysis" / "cosine.csv").is_file():
             print(f"{run_dir.name}: not kept, its analysis is missing (run `prores report {sweep_dir}` first)")
             continue
         from torch.utils.tensorboard import SummaryWriter
 
-        partial = out.with_name(out.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        shutil.copytree(run_dir, partial, ignore=lambda d, names: [n for n in names if Path(d) == run_dir and (
-            n in LEFT_OUT or n.startswith("events.out.tfevents."))])
-        writer = SummaryWriter(str(partial))
-        for tag, values in read_scalars(run_dir, lambda t: t in READ or t.startswith(READ_FAMILIES)).items():
-            for step, value in sorted(values.items()):
-                writer.add_scalar(tag, value, step)
-        writer.close()
-        partial.rename(out)
-        print(f"{run_dir.name}: kept ({sum(f.stat().st_size for f in out.rglob('*') if f.is_file()) // 1024} KiB)")
+        prores_on = (yaml.safe_load((run_dir / "config.yaml").read_text())["prores"]["schedule"] != "none")
+        wanted = READ_FAMILIES if prores_on else tuple(f for f in READ_FAMILIES if f != "prores/alpha/")
+        with tempfile.TemporaryDirectory() as tmp:
+            cell = Path(tmp) / run_dir.name
+            shutil.copytree(run_dir, cell, ignore=lambda d, names: [n for n in names if Path(d) == run_dir and (
+                n in LEFT_OUT or n.startswith("events.out.tfevents."))])
+            writer = SummaryWriter(str(cell))
+            for tag, values in read_scalars(run_dir, lambda t: t in READ or t.startswith(wanted)).items():
+                for step, value in sorted(values.items()):
+                    writer.add_scalar(tag, value, step)
+            writer.close()
+            partial = out.with_name(out.name + ".partial")
+            with tarfile.open(partial, "w:xz", preset=9) as tar:
+                tar.add(cell, arcname=cell.name)
+            partial.rename(out)
+        print(f"{run_dir.name}: kept ({out.stat().st_size // 1024} KiB)")
 
 
 def restore(kept: Path, sweep_dir: Path) -> None:
     sweep_dir.mkdir(parents=True, exist_ok=True)
     if not (sweep_dir / "cells.jsonl").is_file():
         shutil.copy2(kept / "cells.jsonl", sweep_dir / "cells.jsonl")
-    for cell in sorted(p for p in kept.iterdir() if p.is_dir() and not p.name.endswith(".partial")):
-        if not (sweep_dir / cell.name / "summary.json").is_file():
-            shutil.rmtree(sweep_dir / cell.name, ignore_errors=True)
-            shutil.copytree(cell, sweep_dir / cell.name)
-            print(f"{cell.name}: restored")
+    for archive in sorted(kept.glob("*.tar.xz")):
+        name = archive.name.removesuffix(".tar.xz")
+        if not (sweep_dir / name / "summary.json").is_file():
+            shutil.rmtree(sweep_dir / name, ignore_errors=True)
+            with tarfile.open(archive) as tar:
+                tar.extractall(sweep_dir, filter="data")
+            print(f"{name}: restored")
 
 
 def main() -> int:

@@ -40,7 +40,8 @@ SMOKE = {
 }
 # covered elsewhere: chaos.py by tests/test_chaos.py (its short run), memory.py by tests/test_plan.py (the
 # planner against it); gpu_check.sh needs a CUDA device, so here it must stop at once, saying so
-ELSEWHERE = {"chaos.py": "test_chaos.py", "memory.py": "test_plan.py", "gpu_check.sh": "this file"}
+ELSEWHERE = {"chaos.py": "test_chaos.py", "memory.py": "test_plan.py", "gpu_check.sh": "this file",
+             "gpu_check.py": "this file"}
 
 
 def test_every_benchmark_has_a_smoke_test():
@@ -69,3 +70,20 @@ def test_the_gpu_check_stops_at_once_without_a_gpu(tmp_path):
     proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(tmp_path)], capture_output=True,
                           text=True, timeout=300, env=child_env())
     assert proc.returncode != 0 and "no CUDA device" in proc.stderr
+
+
+def test_the_gpu_checks_plan_lists_every_step_with_its_criterion_and_fits_eight_minutes():
+    """`--plan` needs no GPU; it prints the steps the script runs (one registry, benchmarks/gpu_check.py's
+    STEPS), each with a function and a criterion, and their limits add up to at most 8 minutes."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_check
+
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--plan"], capture_output=True,
+                          text=True, timeout=60, env=child_env())
+    assert proc.returncode == 0, proc.stderr
+    names = [s.name for s in gpu_check.STEPS]
+    assert names == ["nccl", "kernels", "bandwidth", "train", "resume", "mfu", "planner"]
+    for i, s in enumerate(gpu_check.STEPS, 1):
+        assert f"{i}. {s.name} (at most {s.limit_s} s): {s.does}\n   passes when {s.passes}" in proc.stdout
+        assert callable(getattr(gpu_check, f"step_{s.name}"))
+    assert sum(s.limit_s for s in gpu_check.STEPS) <= 8 * 60
