@@ -213,6 +213,34 @@ def test_a_rerun_skips_finished_cells(local_sweep):
     assert "prores sweep: nothing to run" in proc.stdout
 
 
+def test_kept_cells_restore_to_the_same_report_and_the_sweep_skips_them(local_sweep, tmp_path):
+    """scripts/keep_cells.py packs each finished cell without its checkpoints (one tar.xz a cell); unpacked where
+    the sweep was, `prores sweep` skips them all and `prores report` writes the same results.csv."""
+    import sys
+
+    _, path, sweep_dir, _ = local_sweep
+    script = Path(__file__).resolve().parents[1] / "scripts" / "keep_cells.py"
+    kept, aside = tmp_path / "kept", sweep_dir.with_name("four-aside")
+    assert run_cli("report", str(sweep_dir), "--out", str(tmp_path / "before"), timeout=300).returncode == 0
+    proc = subprocess.run([sys.executable, str(script), str(sweep_dir), str(kept)], capture_output=True, text=True,
+                          env=child_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in kept.glob("*.tar.xz")) == [f"{c.name}.tar.xz" for c in read_cells(sweep_dir)]
+    sweep_dir.rename(aside)
+    try:
+        proc = subprocess.run([sys.executable, str(script), "--restore", str(kept), str(sweep_dir)],
+                              capture_output=True, text=True, env=child_env(), timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert not any(sweep_dir.glob("*/checkpoints"))
+        rerun = sweep_cli(path, "--root", str(sweep_dir.parent))
+        assert "4 of 4 cells finished already; skipping them" in rerun.stdout, rerun.stdout[-2000:]
+        assert run_cli("report", str(sweep_dir), "--out", str(tmp_path / "after"), timeout=300).returncode == 0
+        assert (tmp_path / "after" / "results.csv").read_text() == (tmp_path / "before" / "results.csv").read_text()
+    finally:
+        shutil.rmtree(sweep_dir, ignore_errors=True)
+        aside.rename(sweep_dir)
+
+
 def events(run_dir) -> dict:
     acc = event_accumulator.EventAccumulator(str(run_dir), size_guidance={event_accumulator.SCALARS: 0})
     acc.Reload()
