@@ -182,7 +182,7 @@ def step_train(out: Path):
     return s["final_valid_loss"], ok, (f"valid loss {s['final_valid_loss']:.4f} vs unigram {s['unigram_entropy']:.4f};"
                                        f" eager {eager['summary']['final_valid_loss']:.4f} (gap {gap:.4f});"
                                        f" recompute's losses within {worst:.2e} relative;"
-                                       f" {s['steady_tokens_per_sec']:.0f} tokens/s steady")
+                                       f" {s['steady_tokens_per_sec'] or 0:.0f} tokens/s steady")
 
 
 def step_resume(out: Path):
@@ -206,6 +206,7 @@ def step_mfu(out: Path):
     from triton.testing import do_bench
 
     from prores.config import load_config
+    from prores.data.tokenizers import load_tokenizer
     from prores.model.size import block_flops_per_token, padded_vocab_size
 
     n = 8192
@@ -216,7 +217,7 @@ def step_mfu(out: Path):
     run = train_run(out / "mfu", *sets, config="1.3b.yaml")
     cfg = load_config("1.3b.yaml", sets)
     m = cfg.model
-    head = 3 * 2 * m.hidden_size * padded_vocab_size(384, m.vocab_multiple)
+    head = 3 * 2 * m.hidden_size * padded_vocab_size(load_tokenizer(cfg.data.tokenizer).vocab_size, m.vocab_multiple)
     flops = m.num_layers * block_flops_per_token(m) + head
     rate = run["summary"]["steady_tokens_per_sec"] * flops * 1e-12
     mfu = rate / peak
