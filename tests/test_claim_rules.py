@@ -1,18 +1,22 @@
 """Each claim rule of prores/study/claims.py, branch by branch (holds, does not hold, not shown), on small
 synthetic arms: runs with hand-set losses, series and analyses, whose verdict is worked out by hand here.
 
-The spreads are chosen so the arithmetic is plain: ProRes's two seeds end at 2.00 and 2.02, a sample std
-of 0.01414, so "beyond twice the spread" is beyond 0.0283; a paired difference that is the same on both
-seeds has no spread at all.
+A comparison is a paired difference over seeds with its 95% t-interval. The per-seed differences are chosen so
+the arithmetic is plain: with three seeds t(0.975, 2) = 4.3027 and the half-width is 4.3027·sd/√3 = 2.4841·sd,
+so (0.10, 0.11, 0.12) is 0.11 ± 0.0248 (shown above 0), (0.00, 0.02, 0.04) is 0.02 ± 0.0497 (includes 0);
+with two seeds t(0.975, 1) = 12.706, so (0.05, 0.07) is 0.06 ± 0.1271 (12.706·0.01): not shown, though the rule before issue 41
+("beyond twice the seed spread": 0.06 > 0.0283) called it shown.
 """
 
+import math
 from pathlib import Path
 
 import pytest
 
 from prores.config import operational_keys
 from prores.study.claims import FAILS, HOLDS, UNMEASURED, UNSHOWN, Study
-from prores.study.prores_effect import pairs
+from prores.study.intervals import ABOVE, BELOW, OVERLAPS, interval
+from prores.study.prores_effect import effect_table, pairs
 from prores.study.runs import Run
 
 METHODS = {
@@ -24,7 +28,9 @@ METHODS = {
     "Post-LN": {"model.norm_layout": "post", "model.init": "normal", "prores.schedule": "none"},
     "Post-LN + ProRes": {"model.norm_layout": "post", "model.init": "normal", "prores.schedule": "linear"},
 }
-PRORES = (2.00, 2.02)  # ProRes's two seeds at every depth
+PRORES = (2.00, 2.02, 2.04)  # ProRes's three seeds at every depth
+ABOVE3, ACROSS3, BELOW3 = (0.10, 0.11, 0.12), (0.00, 0.02, 0.04), (-0.10, -0.11, -0.12)  # per-seed differences
+LEAD = (0.10, 0.10, 0.10)  # Pre-LN above ProRes by 0.1 on every seed
 
 
 def run(method, depth, seed, loss=None, state="completed", scalars=None, run_dir=Path("/nonexistent"), steps=100):
@@ -38,9 +44,14 @@ def arm(method, depth, losses, **kw):
     return [run(method, depth, seed, loss, **kw) for seed, loss in enumerate(losses, 1)]
 
 
-def prores_and(depth, shift, *others):
-    """ProRes at ``depth``, Pre-LN ``shift`` above it on each seed (a paired lead with no spread), and others."""
-    return arm("Pre-LN + ProRes", depth, PRORES) + arm("Pre-LN", depth, [x + shift for x in PRORES]) + list(others)
+def above(method, depth, diffs, base=PRORES):
+    """A method whose loss is ``base`` plus ``diffs``, seed by seed (as many seeds as diffs)."""
+    return arm(method, depth, [b + d for b, d in zip(base, diffs)])
+
+
+def prores_and(depth, lead=LEAD, *others):
+    """ProRes at ``depth``, Pre-LN ``lead`` above it seed by seed, and others."""
+    return arm("Pre-LN + ProRes", depth, PRORES) + above("Pre-LN", depth, lead) + list(others)
 
 
 def claim(runs, key):
@@ -48,21 +59,45 @@ def claim(runs, key):
     return claims[key].verdict
 
 
+def test_the_intervals_worked_by_hand():
+    for diffs, mean, half, verdict in ((ABOVE3, 0.11, 2.484138 * 0.01, ABOVE), (ACROSS3, 0.02, 2.484138 * 0.02, OVERLAPS),
+                                       (BELOW3, -0.11, 2.484138 * 0.01, BELOW), ((0.05, 0.07), 0.06, 0.127062, OVERLAPS)):
+        iv = interval(list(diffs))
+        assert (iv.mean, iv.low, iv.high, iv.verdict) == (pytest.approx(mean), pytest.approx(mean - half, abs=1e-6),
+                                                          pytest.approx(mean + half, abs=1e-6), verdict)
+
+
+def test_a_divergence_is_decided_by_the_signs():
+    """A diverged run's loss is +inf: differences that contain one are shown only when they all share its sign."""
+    assert (interval([math.inf, 0.1, 0.2]).low, interval([math.inf, 0.1, 0.2]).verdict) == (0.1, ABOVE)
+    assert interval([-math.inf, -0.3]).verdict == BELOW
+    assert interval([math.inf, -0.01, 0.2]).verdict == OVERLAPS
+    assert interval([math.inf - math.inf, 0.1, 0.2]).mean == pytest.approx(0.1)  # both failed: a tie
+    assert interval([math.inf]).verdict is None  # one seed shows nothing
+
+
 @pytest.mark.parametrize("scaled, verdict", [
-    (2.20, HOLDS),   # 2.20 - mean 2.01 = +0.19, beyond 0.0283, and Pre-LN +0.1 with no spread: lowest everywhere
-    (1.90, FAILS),   # -0.11: lower than ProRes beyond the spread
-    (2.02, UNSHOWN),  # +0.01: above, but within twice the spread
+    (ABOVE3, HOLDS),       # Scaled Init and Pre-LN shown above ProRes at both depths
+    (BELOW3, FAILS),       # Scaled Init shown below ProRes at 24
+    (ACROSS3, UNSHOWN),    # above on average, the interval includes 0
+    ((0.05, 0.07), UNSHOWN),  # two seeds: 0.06 ± 0.127
+    ((0.20,), HOLDS),      # one seed, 2.20: unpaired, 2.20 − 2.02 = +0.18 ± 0.0994 (ProRes's variance)
+    ((0.05,), UNSHOWN),    # one seed, 2.05: +0.03 ± 0.0994
+    ("diverged", HOLDS),   # diverged on every seed: worse than any loss
 ])
 def test_prores_lowest_at_every_depth(scaled, verdict):
-    runs = prores_and(12, 0.1, *arm("Scaled Init", 12, [2.20])) + prores_and(24, 0.1, *arm("Scaled Init", 24, [scaled]))
+    other = ([run("Scaled Init", 24, s, state="diverged") for s in (1, 2, 3)] if scaled == "diverged"
+             else above("Scaled Init", 24, scaled))
+    runs = prores_and(12, LEAD, *above("Scaled Init", 12, ABOVE3)) + prores_and(24, LEAD, *other)
     assert claim(runs, "c-lowest") == verdict
 
 
 @pytest.mark.parametrize("leads, verdict", [
-    ((0.05, 0.10, 0.20), HOLDS),     # Spearman 1, and 0.20 - 0.05 = 0.15 beyond 0.0283
-    ((0.20, 0.10, 0.05), FAILS),     # Spearman -1
-    ((0.100, 0.105, 0.110), UNSHOWN),  # Spearman 1 but 0.110 - 0.100 = 0.01 within 0.0283
-    ((0.10, 0.30, 0.20), UNSHOWN),   # 0.10 beyond 0.0283, but ranks (1, 3, 2) against (1, 2, 3): Spearman 0.5 < 0.6
+    # the leads at 12, 24, 48 blocks, seed by seed; the rule reads the means' ranks and the 48 − 12 change per seed
+    (((0.05,) * 3, (0.10,) * 3, (0.19, 0.20, 0.21)), HOLDS),         # Spearman 1, change (0.14, 0.15, 0.16) above 0
+    (((0.20,) * 3, (0.10,) * 3, (0.05,) * 3), FAILS),                # Spearman -1
+    (((0.10,) * 3, (0.105,) * 3, (0.10, 0.11, 0.12)), UNSHOWN),      # Spearman 1, change (0.00, 0.01, 0.02) includes 0
+    (((0.10,) * 3, (0.30,) * 3, (0.19, 0.20, 0.21)), UNSHOWN),       # change above 0, but Spearman 0.5 < 0.6
 ])
 def test_prores_lead_grows_with_depth(leads, verdict):
     runs = [r for depth, lead in zip((12, 24, 48), leads) for r in prores_and(depth, lead)]
@@ -70,37 +105,38 @@ def test_prores_lead_grows_with_depth(leads, verdict):
 
 
 def test_a_lead_over_two_depths_is_not_measured():
-    assert claim(prores_and(12, 0.1) + prores_and(24, 0.2), "c-lead-grows") == UNMEASURED
+    assert claim(prores_and(12) + prores_and(24), "c-lead-grows") == UNMEASURED
 
 
 @pytest.mark.parametrize("shallow, deep, verdict", [
-    (0.01, 0.10, HOLDS),    # within 0.0283 at 12, behind beyond it at 72
-    (0.01, -0.05, FAILS),   # not behind at 72
-    (0.10, 0.10, UNSHOWN),  # behind at 72 as claimed, but already behind at 12
+    (ACROSS3, ABOVE3, HOLDS),    # matches at 12 (includes 0), shown behind at 72
+    (ACROSS3, BELOW3, FAILS),    # shown ahead at 72
+    (ABOVE3, ABOVE3, UNSHOWN),   # behind at 72 as claimed, but already behind at 12
+    (ACROSS3, ACROSS3, UNSHOWN),  # not shown behind at 72, nor ahead (before issue 41: does not hold)
 ])
 def test_lns_matches_prores_then_falls_behind(shallow, deep, verdict):
-    mean = sum(PRORES) / 2
-    runs = (prores_and(12, 0.1, *arm("LNS", 12, [mean + shallow]))
-            + prores_and(72, 0.1, *arm("LNS", 72, [mean + deep])))
+    runs = prores_and(12, LEAD, *above("LNS", 12, shallow)) + prores_and(72, LEAD, *above("LNS", 72, deep))
     assert claim(runs, "lns") == verdict
 
 
 @pytest.mark.parametrize("shallow, deep, verdict", [
-    (0.05, -0.10, HOLDS),   # DeepNorm above Pre-LN at 12, below it by 0.10 (beyond 0.0283) at 72
-    (0.05, 0.05, FAILS),    # not below Pre-LN at 72
-    (0.05, -0.01, UNSHOWN),  # below at 72, but within the spread
+    ((0.04, 0.05, 0.06), BELOW3, HOLDS),    # DeepNorm behind Pre-LN at 12, shown below it at 72
+    ((0.04, 0.05, 0.06), ABOVE3, FAILS),    # shown behind Pre-LN at 72
+    ((0.04, 0.05, 0.06), (-0.04, -0.02, 0.00), UNSHOWN),  # below at 72 on average, the interval includes 0
 ])
 def test_deepnorm_overtakes_pre_ln(shallow, deep, verdict):
-    # Pre-LN's own seeds are 2.10 and 2.12 (spread 0.01414, mean 2.11); DeepNorm has one seed
-    runs = (prores_and(12, 0.1, *arm("DeepNorm", 12, [2.11 + shallow]))
-            + prores_and(72, 0.1, *arm("DeepNorm", 72, [2.11 + deep])))
+    pre = [p + l for p, l in zip(PRORES, LEAD)]  # DeepNorm's differences are from Pre-LN's own seeds
+    runs = (prores_and(12, LEAD, *above("DeepNorm", 12, shallow, pre))
+            + prores_and(72, LEAD, *above("DeepNorm", 72, deep, pre)))
     assert claim(runs, "deepnorm") == verdict
 
 
 @pytest.mark.parametrize("pre, verdict", [
-    ({12: (2.30, 2.32), 24: (2.20, 2.22), 72: (2.00, 2.02)}, FAILS),   # deepest 2.01 below best shallow 2.21 by 0.2
-    ({12: (2.30, 2.32), 24: (2.20, 2.22), 72: (2.21, 2.23)}, HOLDS),   # deepest 2.22 is not below 2.21: stalls
-    ({12: (2.30, 2.32), 24: (2.20, 2.22)}, UNMEASURED),                # nothing from 72 blocks
+    # best up to 48 is 24 blocks (mean 2.22); the rule's gain is Pre-LN at 24 minus at 72, seed by seed
+    ({12: (2.30, 2.32, 2.34), 24: (2.20, 2.22, 2.24), 72: (2.00, 2.03, 2.06)}, FAILS),    # (0.20, 0.19, 0.18)
+    ({12: (2.30, 2.32, 2.34), 24: (2.20, 2.22, 2.24), 72: (2.30, 2.33, 2.36)}, HOLDS),    # (-0.10, -0.11, -0.12)
+    ({12: (2.30, 2.32, 2.34), 24: (2.20, 2.22, 2.24), 72: (2.20, 2.21, 2.22)}, UNSHOWN),  # (0.00, 0.01, 0.02)
+    ({12: (2.30, 2.32, 2.34), 24: (2.20, 2.22, 2.24)}, UNMEASURED),                       # nothing from 72 blocks
 ])
 def test_pre_ln_stalls_with_depth(pre, verdict):
     runs = [r for depth, losses in pre.items() for r in arm("Pre-LN", depth, losses)]
@@ -175,14 +211,27 @@ def test_the_evolution_rule_reads_spearman_as_computed_here(tmp_path):
 
 
 @pytest.mark.parametrize("post_gains, verdict", [
-    ((0.19, 0.21), HOLDS),   # Post-LN gains 0.20, Pre-LN 0.05 (seeds 0.04, 0.06): 0.15 beyond 0.0283
-    ((0.02, 0.04), FAILS),   # 0.03, below Pre-LN's 0.05
-    ((0.05, 0.07), UNSHOWN),  # 0.06: above 0.05 by 0.01, within the spread
+    # Pre-LN gains (0.04, 0.05, 0.06); the rule reads Post-LN's gain minus Pre-LN's, seed by seed
+    ((0.19, 0.21, 0.20), HOLDS),    # (0.15, 0.16, 0.14): shown above 0
+    ((0.00, 0.02, 0.01), FAILS),    # (-0.04, -0.03, -0.05): shown below 0
+    ((0.05, 0.07, 0.06), UNSHOWN),  # (0.01, 0.02, 0.00): includes 0
 ])
 def test_post_ln_gains_the_most(post_gains, verdict):
-    runs = (arm("Pre-LN + ProRes", 12, PRORES) + arm("Pre-LN", 12, [PRORES[0] + 0.04, PRORES[1] + 0.06])
-            + arm("Post-LN + ProRes", 12, (2.5, 2.5)) + arm("Post-LN", 12, [2.5 + g for g in post_gains]))
+    runs = (arm("Pre-LN + ProRes", 12, PRORES) + above("Pre-LN", 12, (0.04, 0.05, 0.06))
+            + arm("Post-LN + ProRes", 12, (2.5,) * 3) + above("Post-LN", 12, post_gains, (2.5,) * 3))
     assert claim(runs, "a-post-gains") == verdict
+
+
+@pytest.mark.parametrize("on_minus_off, cell, verdict", [
+    (BELOW3, "-0.1100 [-0.1348, -0.0852]", "helps"),
+    (ABOVE3, "+0.1100 [+0.0852, +0.1348]", "hurts"),
+    ((-0.05, -0.07), "-0.0600 [-0.1871, +0.0671]", "not shown"),  # before issue 41: "helps" (beyond 0.0283)
+    ((-0.05,), "-0.0500", "not shown"),
+])
+def test_the_on_off_table_by_hand(on_minus_off, cell, verdict):
+    off = (2.10, 2.12, 2.14)[:len(on_minus_off)]
+    table = effect_table(arm("Pre-LN", 48, off) + above("Pre-LN + ProRes", 48, on_minus_off, off))
+    assert table[1][4:] == [cell, str(len(on_minus_off)), verdict]
 
 
 def test_unmeasured_without_the_runs_a_rule_needs():
@@ -208,3 +257,15 @@ def test_the_on_off_pairs_ignore_operational_keys_only():
     assert operational_keys() >= {"train.callbacks", "checkpoint.interval", "train.hang_timeout"}
     assert not operational_keys() & {"optim.lr", "train.steps", "train.eval_interval", "model.num_layers",
                                      "monitor.spike_window", "monitor.spike_sigma", "logging.stats_interval"}
+
+
+def test_one_seed_against_several_is_a_two_sample_interval():
+    """A method run on one seed against ProRes's three: mean(b) − mean(a) with ProRes's variance (the one arm
+    that has one), on 3 + 1 − 2 = 2 degrees of freedom: half-width t(2)·s·√(1/3 + 1). ProRes (2.00, 2.02, 2.04):
+    s = 0.02, half-width 4.302653 · 0.02 · 1.154701 = 0.099366."""
+    iv = Study(prores_and(12, LEAD, *arm("LNS", 12, [2.12])), lambda r: r.grid["method"]).lowest()[0] \
+        .numbers["per_depth"][12]["margins"]["LNS"]
+    assert (iv["minus_prores"], iv["low"], iv["high"], iv["unpaired"]) == (
+        pytest.approx(0.10), pytest.approx(0.10 - 0.099366, abs=1e-6), pytest.approx(0.10 + 0.099366, abs=1e-6), (3, 1))
+    diverged = [run("LNS", 12, 1, state="diverged")]
+    assert claim(prores_and(12, LEAD, *diverged) + prores_and(24, LEAD, *arm("LNS", 24, [2.5])), "c-lowest") == HOLDS

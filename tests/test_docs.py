@@ -2,6 +2,7 @@
 its reference pages are the registries', generated at build time."""
 
 import csv
+import math
 import html
 import re
 import json
@@ -170,21 +171,24 @@ def test_the_zoos_hybridnorm_rows_are_its_re_run():
 
 
 def test_the_zoo_on_off_table_is_its_results_csv():
-    """ProRes on − off per method and depth, paired by seed, and the verdict by the report's rule (helps or
-    hurts beyond twice the paired spread), computed here from docs/cpu_zoo_results.csv."""
+    """ProRes on − off per method and depth, paired by seed, with its 95% t-interval, and the verdict by the
+    report's rule (helps or hurts when the interval lies below or above 0), computed here from
+    docs/cpu_zoo_results.csv (t's quantiles from scipy)."""
+    stats = pytest.importorskip("scipy.stats")
     rows = [r for r in csv.DictReader((ROOT / "docs" / "cpu_zoo_results.csv").open()) if r["status"] == "completed"]
     loss = {(r["method"], r["model.num_layers"], r["ProRes"], r["seed"]): float(r["final_valid_loss"]) for r in rows}
     table = next(t for t in markdown_tables((ROOT / "docs" / "results" / "zoo.md").read_text()) if t[0][0] == "method")
-    assert table[0] == ["method", "depth", "off", "on", "on − off (paired)", "seeds", "ProRes"]
+    assert table[0] == ["method", "depth", "off", "on", "on − off (paired, 95% interval)", "seeds", "ProRes"]
     assert len(table) - 1 == len({(m, d) for m, d, _, _ in loss})
     for method, depth, off, on, diff, seeds, verdict in table[1:]:
         pairs = [(loss[method, depth, "off", s], loss[method, depth, "on", s]) for (m, d, p, s) in loss
                  if (m, d, p) == (method, depth, "off") and (method, depth, "on", s) in loss]
         d = [b - a for a, b in pairs]
-        mean, sd = statistics.fmean(d), statistics.stdev(d)
+        mean = statistics.fmean(d)
+        half = stats.t.ppf(0.975, len(d) - 1) * statistics.stdev(d) / math.sqrt(len(d))
         assert off == f"{statistics.fmean(a for a, _ in pairs):.4f}" and on == f"{statistics.fmean(b for _, b in pairs):.4f}"
-        assert diff == f"{mean:+.4f} ± {sd:.4f}" and seeds == str(len(pairs))
-        assert verdict == ("within the seed spread" if abs(mean) <= 2 * sd else "helps" if mean < 0 else "hurts")
+        assert diff == f"{mean:+.4f} [{mean - half:+.4f}, {mean + half:+.4f}]" and seeds == str(len(pairs))
+        assert verdict == ("helps" if mean + half < 0 else "hurts" if mean - half > 0 else "not shown")
 
 
 def quoted_values(study: str) -> set[str]:

@@ -1,18 +1,20 @@
 """The ProRes paper's claims (arXiv 2603.05369, §4.4, Fig. 1-4, Table 2), computed from a depth study.
 
 Each claim states its rule here, in words and in code, and ends in a verdict: ``holds``, ``does not
-hold``, or ``not shown beyond the seed spread``; ``not measured`` where the study lacks the runs it
-needs. The rules were written before the CPU depth study ran and are applied by `prores report` as
-they are; nothing here is tuned to an outcome.
+hold``, or ``not shown``; ``not measured`` where the study lacks the runs it needs. The rules are applied by
+`prores report` as they are; nothing here is tuned to an outcome.
 
 Methods are recognised by their resolved configs, not by their names (a sweep labels them as it likes):
 ProRes is Pre-LN with the default init and a ProRes schedule; Pre-LN the same without; LNS, DeepNorm and
 Post-LN by their layouts. A cell's number is its final validation loss (the paper compares perplexity,
 exp of it: the same order); a diverged or failed cell counts as worse than any loss.
 
-The seed spread: at a depth, the sample standard deviation of ProRes's (or Pre-LN's) final losses over
-its seeds. A difference between two methods is "beyond the spread" when it exceeds twice that spread
-(a paired difference over the seeds both have, when both have several, uses its own spread instead).
+What the seeds can tell (issue 41): a comparison of methods is a paired difference over the seeds the arms
+share (:func:`paired`), with its 95% t-interval on n − 1 degrees of freedom (:mod:`prores.study.intervals`).
+A difference is *shown* positive (negative) when its whole interval lies above (below) 0. A claim holds when
+every difference it needs is shown on its side, does not hold when one is shown on the other side, and is not
+shown otherwise: with one seed, or no seed in common, nothing is shown. (Until issue 41 the rules read
+"beyond twice the seed spread", which two seeds pass far more easily: t = 12.7 at one degree of freedom.)
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from typing import Callable, Optional
 import numpy
 
 from prores.monitor.spikes import SpikeScore
+from prores.study.intervals import ABOVE, BELOW, Interval, interval, unpaired
 from prores.study.runs import Run
 
-HOLDS, FAILS, UNSHOWN, UNMEASURED = "holds", "does not hold", "not shown beyond the seed spread", "not measured"
+HOLDS, FAILS, UNSHOWN, UNMEASURED = "holds", "does not hold", "not shown", "not measured"
 SPIKE_SIGMA, SPIKE_WINDOW = 7.0, 1000  # the paper's: 7σ above the mean of the previous 1000 steps ...
 SPIKE_SPAN = (0.1, 0.9)  # ... counted over 10-90% of training
 NEAR_ZERO = 0.01  # a spike score "near zero": at most 1% of the steps in the span
@@ -100,20 +103,36 @@ def cells_of(runs: list[Run], label_of: Callable[[Run], str]) -> dict[tuple[str,
     return cells
 
 
-def difference(a: Arm, b: Arm) -> tuple[float, Optional[float]]:
-    """b's loss minus a's: paired over the seeds both finished when there are several (mean, std), else the
-    difference of the means and a's seed spread."""
-    la, lb = a.losses, b.losses
-    common = sorted(set(la) & set(lb))
-    pairs = [lb[s] - la[s] for s in common]
-    if len(pairs) > 1 and all(map(math.isfinite, pairs)):
-        return statistics.fmean(pairs), statistics.stdev(pairs)
-    return b.mean - a.mean, a.spread
+def paired(*terms: tuple[float, Arm]) -> Interval:
+    """Σ coefficient · loss, per seed, over the seeds every arm finished, with its 95% t-interval; with no seed in
+    common, the same sum of the arms' means and no interval."""
+    common = sorted(set.intersection(*(set(arm.losses) for _, arm in terms)))
+    if not common:
+        return Interval(sum(c * arm.mean for c, arm in terms), None, None, 0)
+    return interval([sum(c * arm.losses[s] for c, arm in terms) for s in common])
 
 
-def beyond(diff: float, spread: Optional[float]) -> bool:
-    """A positive difference larger than twice its spread (with no spread, any positive difference)."""
-    return diff > 2 * (spread or 0.0)
+def difference(a: Arm, b: Arm) -> Interval:
+    """b's loss minus a's: paired over the seeds both have when there are two or more, else the difference of
+    their means with the variance pooled from the arm that has several seeds (:func:`intervals.unpaired`)."""
+    if len(set(a.losses) & set(b.losses)) > 1:
+        return paired((1.0, b), (-1.0, a))
+    return unpaired(list(a.losses.values()), list(b.losses.values()))
+
+
+def numbers(name: str, iv: Interval) -> dict:
+    """An interval as claims.json keeps it: ``{name: mean, "low", "high", "seeds", "unpaired"}``."""
+    return {name: iv.mean, "low": iv.low, "high": iv.high, "seeds": iv.n, "unpaired": iv.unpaired}
+
+
+def kept_interval(row: dict, name: str) -> Interval:
+    """The inverse of :func:`numbers`."""
+    return Interval(row[name], row["low"], row["high"], row["seeds"], tuple(row["unpaired"]) if row["unpaired"] else None)
+
+
+def shown(iv: Interval, side: str) -> bool:
+    """The whole interval lies on ``side`` of 0 (:data:`ABOVE` or :data:`BELOW`)."""
+    return iv.verdict == side
 
 
 def spearman(x: list[float], y: list[float]) -> float:
@@ -167,83 +186,96 @@ class Study:
     # ------------------------------------------------------------------ (c) ProRes lowest, its lead grows
 
     def lowest(self) -> list[Claim]:
-        per_depth, leads = {}, {}
+        per_depth, leads, margins_at = {}, {}, {}
         for d in self.depths:
             pro = self.of("prores", d)
             if pro is None or not pro.losses:
                 continue
-            margins = {}
-            for other in self.at(d):
-                if other is pro or not other.losses:
-                    continue
-                diff, spread = difference(pro, other)
-                margins[other.label] = {"minus_prores": diff, "spread": spread}
-            if not margins:
+            others = [c for c in self.at(d) if c is not pro and c.losses]
+            if not others:
                 continue
-            worst = [m for m in margins.values() if m["minus_prores"] < 0 and beyond(-m["minus_prores"], m["spread"])]
-            clear = all(beyond(m["minus_prores"], m["spread"]) for m in margins.values())
+            margins = {c.label: difference(pro, c) for c in others}
             best = min(self.at(d), key=lambda c: c.mean if c.losses else math.inf)
+            verdict = (FAILS if any(shown(iv, BELOW) for iv in margins.values()) else
+                       HOLDS if all(shown(iv, ABOVE) for iv in margins.values()) else UNSHOWN)
             per_depth[d] = {"best": best.label, "prores": pro.mean, "prores_spread": pro.spread,
-                            "margins": margins, "verdict": FAILS if worst else HOLDS if clear else UNSHOWN}
-            leads[d] = min(m["minus_prores"] for m in margins.values())
+                            "margins": {label: numbers("minus_prores", iv) for label, iv in margins.items()},
+                            "verdict": verdict}
+            leads[d] = min(iv.mean for iv in margins.values())
+            margins_at[d] = (pro, others)
         verdicts = [v["verdict"] for v in per_depth.values()]
         lowest = Claim("c-lowest", "ProRes has the lowest perplexity at every depth (Fig. 1).",
-                       "At every depth every other method's final loss minus ProRes's is positive and beyond the seed"
-                       " spread: holds; some method lower than ProRes beyond the spread at some depth: does not"
-                       " hold; else not shown.",
+                       "At every depth every other method's final loss minus ProRes's shown above 0 (paired over"
+                       " seeds, 95% interval): holds; some method shown below ProRes at some depth: does not hold;"
+                       " else not shown.",
                        UNMEASURED if not verdicts else FAILS if FAILS in verdicts else
                        HOLDS if all(v == HOLDS for v in verdicts) else UNSHOWN, {"per_depth": per_depth})
         depths = sorted(leads)
         rho = spearman(depths, [leads[d] for d in depths]) if len(depths) > 2 else math.nan
-        spread = statistics.fmean([s for d in depths if (s := per_depth[d]["prores_spread"]) is not None] or [0.0])
-        grows = (HOLDS if rho >= GROWS and beyond(leads[depths[-1]] - leads[depths[0]], spread) else
-                 FAILS if rho <= 0 else UNSHOWN) if not math.isnan(rho) else UNMEASURED
+        change = self.lead_change(*(margins_at[d] for d in (depths[0], depths[-1]))) if depths else None
+        grows = (UNMEASURED if math.isnan(rho) else FAILS if rho <= 0 else
+                 HOLDS if rho >= GROWS and shown(change, ABOVE) else UNSHOWN)
         lead = Claim("c-lead-grows", "ProRes's lead grows with depth (Fig. 1).",
-                     f"The lead (the runner-up's loss minus ProRes's) against depth: Spearman rank correlation at"
-                     f" least {GROWS} and the deepest lead beyond the shallowest by more than twice the mean seed"
-                     " spread: holds; a correlation at or below 0: does not hold; else not shown.",
-                     grows, {"lead": {d: leads[d] for d in depths}, "spearman": rho})
+                     f"The lead (the runner-up's loss minus ProRes's, per seed) against depth: Spearman rank"
+                     f" correlation of its mean at least {GROWS} and the deepest lead minus the shallowest shown"
+                     " above 0 (paired over seeds, 95% interval): holds; a correlation at or below 0: does not"
+                     " hold; else not shown.",
+                     grows, {"lead": {d: leads[d] for d in depths}, "spearman": rho,
+                             **({"deepest_minus_shallowest": numbers("change", change)} if change else {})})
         return [lowest, lead]
+
+    @staticmethod
+    def lead_change(shallow: tuple[Arm, list[Arm]], deep: tuple[Arm, list[Arm]]) -> Interval:
+        """The per-seed lead at the deepest depth minus that at the shallowest, over the seeds every arm of both
+        depths finished; a seed's lead is the lowest of the other methods' losses minus ProRes's."""
+        arms = [shallow[0], *shallow[1], deep[0], *deep[1]]
+        common = sorted(set.intersection(*(set(a.losses) for a in arms)))
+
+        def lead(at, s):
+            return min(o.losses[s] for o in at[1]) - at[0].losses[s]
+        if not common:
+            return Interval(math.nan, None, None, 0)
+        return interval([lead(deep, s) - lead(shallow, s) for s in common])
 
     # ------------------------------------------------------------------ LNS, DeepNorm, Pre-LN against depth
 
     def versus(self, role_: str, key: str, statement: str, rule: str, shallow_ok: Callable, deep_ok: Callable,
                fails: Callable, baseline: str = "prores") -> Claim:
-        """A method against a baseline (``baseline`` minus method's loss) at depths up to 48 and from 72."""
-        rows = {}
+        """A method against a baseline (method's loss minus ``baseline``'s, paired over seeds) at depths up to 48
+        and from 72; the three callables take the interval at a depth (``fails``: at some depth from 72)."""
+        found = {}
         for d in self.depths:
             base, other = self.of(baseline, d), self.of(role_, d)
-            if base is None or other is None or not base.losses or not other.losses:
-                continue
-            diff, spread = difference(base, other)
-            rows[d] = {"minus_" + baseline: diff, "spread": spread}
-        shallow = {d: r for d, r in rows.items() if d <= 48}
-        deep = {d: r for d, r in rows.items() if d >= 72}
+            if base is not None and other is not None and base.losses and other.losses:
+                found[d] = difference(base, other)
+        shallow = [iv for d, iv in found.items() if d <= 48]
+        deep = [iv for d, iv in found.items() if d >= 72]
         if not shallow or not deep:
             verdict = UNMEASURED
-        elif all(shallow_ok(r) for r in shallow.values()) and all(deep_ok(r) for r in deep.values()):
+        elif all(map(shallow_ok, shallow)) and all(map(deep_ok, deep)):
             verdict = HOLDS
         else:
-            verdict = FAILS if fails(shallow, deep) else UNSHOWN
-        return Claim(key, statement, rule, verdict, {"per_depth": rows})
+            verdict = FAILS if any(map(fails, deep)) else UNSHOWN
+        return Claim(key, statement, rule, verdict,
+                     {"per_depth": {d: numbers("minus_" + baseline, iv) for d, iv in found.items()}})
 
     def lns(self) -> Claim:
-        within = lambda r: abs(r["minus_prores"]) <= 2 * (r["spread"] or 0.0)  # noqa: E731
         return self.versus(
             "lns", "lns", "LNS matches ProRes up to 48 layers and falls behind beyond 72 (Fig. 1).",
-            "LNS's loss minus ProRes's within twice the seed spread at every depth up to 48, and beyond it at every"
-            " depth from 72: holds; LNS not behind beyond the spread at any depth from 72: does not hold; else not"
-            " shown.", within, lambda r: beyond(r["minus_prores"], r["spread"]),
-            lambda shallow, deep: not any(beyond(r["minus_prores"], r["spread"]) for r in deep.values()))
+            "LNS's loss minus ProRes's (paired over seeds, 95% interval) includes 0 at every depth up to 48 and is"
+            " shown above 0 at every depth from 72: holds; shown below 0 (LNS ahead) at some depth from 72: does"
+            " not hold; else not shown.",
+            lambda iv: iv.verdict is not None and not shown(iv, ABOVE) and not shown(iv, BELOW),
+            lambda iv: shown(iv, ABOVE), lambda iv: shown(iv, BELOW))
 
     def deepnorm(self) -> Claim:
-        better = lambda r: beyond(-r["minus_pre"], r["spread"])  # noqa: E731  (DeepNorm below Pre-LN)
         return self.versus(
             "deepnorm", "deepnorm", "DeepNorm overtakes Pre-LN from 72 layers (Fig. 1).",
-            "Pre-LN's loss minus DeepNorm's beyond twice Pre-LN's seed spread at every depth from 72, and not"
-            " beyond it up to 48: holds; DeepNorm not below Pre-LN at any depth from 72: does not hold; else not"
-            " shown.", lambda r: not better(r), better,
-            lambda shallow, deep: all(r["minus_pre"] >= 0 for r in deep.values()), baseline="pre")
+            "DeepNorm's loss minus Pre-LN's (paired over seeds, 95% interval) shown below 0 at every depth from 72,"
+            " and not up to 48: holds; shown above 0 (DeepNorm behind) at some depth from 72: does not hold; else"
+            " not shown.",
+            lambda iv: not shown(iv, BELOW), lambda iv: shown(iv, BELOW), lambda iv: shown(iv, ABOVE),
+            baseline="pre")
 
     def depth_scaling(self) -> list[Claim]:
         """Per method: loss against depth, whether it keeps improving, the slope over the deepest depths."""
@@ -260,23 +292,23 @@ class Study:
             }
         pre = [c for c in self.cells.values() if c.role == "pre"]
         verdict = UNMEASURED
-        numbers = {"per_method": table}
+        numbers_ = {"per_method": table}
         if len(pre) > 1:
             by_depth = {c.depth: c for c in pre}
             deepest, shallow = max(by_depth), [d for d in by_depth if d <= 48]
-            spread = statistics.fmean([c.spread for c in pre if c.spread is not None] or [0.0])
             if any(c.unstable for d, c in by_depth.items() if d >= 72):
                 verdict = HOLDS
             elif shallow and deepest >= 72:
-                best_shallow = min(by_depth[d].mean for d in shallow)
-                gain = best_shallow - by_depth[deepest].mean
-                numbers |= {"pre_best_up_to_48": best_shallow, "pre_deepest": by_depth[deepest].mean,
-                            "pre_gain_from_depth": gain, "pre_spread": spread}
-                verdict = FAILS if beyond(gain, spread) else HOLDS
+                best = min(shallow, key=lambda d: by_depth[d].mean)
+                gain = paired((1.0, by_depth[best]), (-1.0, by_depth[deepest]))
+                numbers_ |= {"pre_best_up_to_48": by_depth[best].mean, "pre_best_depth": best,
+                             "pre_deepest": by_depth[deepest].mean, **numbers("pre_gain_from_depth", gain)}
+                verdict = FAILS if shown(gain, ABOVE) else HOLDS if shown(gain, BELOW) else UNSHOWN
         return [Claim("pre-stalls", "Pre-LN stalls or becomes unstable as depth grows (Fig. 1).",
-                      "A Pre-LN cell from 72 blocks diverged or failed, or the deepest Pre-LN is not below its best"
-                      " loss up to 48 blocks by more than twice its mean seed spread: holds; it is: does not hold.",
-                      verdict, numbers)]
+                      "A Pre-LN cell from 72 blocks diverged or failed, or the best Pre-LN up to 48 blocks minus the"
+                      " deepest (per seed, 95% interval) shown below 0 (deeper is worse): holds; shown above 0"
+                      " (deeper is better): does not hold; else not shown.",
+                      verdict, numbers_)]
 
     # ------------------------------------------------------------------ (d) spikes
 
@@ -347,22 +379,23 @@ class Study:
     def post_gains(self) -> Claim:
         rows = {}
         for d in self.depths:
-            pairs = {name: (self.of(a, d), self.of(b, d)) for name, a, b in (("pre", "pre", "prores"),
-                                                                             ("post", "post", "post+prores"))}
-            if any(x is None or y is None or not x.losses or not y.losses for x, y in pairs.values()):
+            arms = [self.of(r, d) for r in ("pre", "prores", "post", "post+prores")]
+            if any(a is None or not a.losses for a in arms):
                 continue
-            gains = {name: difference(y, x) for name, (x, y) in pairs.items()}  # without minus with ProRes
-            rows[d] = {f"{name}_gain": g for name, (g, _) in gains.items()} | {
-                "spread": max((s for _, s in gains.values() if s is not None), default=None)}
-        per = [(HOLDS if beyond(r["post_gain"] - r["pre_gain"], r["spread"]) else
-                FAILS if r["post_gain"] <= r["pre_gain"] else UNSHOWN) for r in rows.values()]
+            pre, pro, post, post_pro = arms
+            rows[d] = (difference(pro, pre), difference(post_pro, post),  # gains: without minus with ProRes
+                       paired((1.0, post), (-1.0, post_pro), (-1.0, pre), (1.0, pro)))
+        per = [(HOLDS if shown(more, ABOVE) else FAILS if shown(more, BELOW) else UNSHOWN)
+               for _, _, more in rows.values()]
         return Claim("a-post-gains", "Post-LN gains the most from ProRes (Table 2).",
                      "At each depth where Post-LN and Pre-LN both ran with and without ProRes: Post-LN's gain (its loss"
-                     " without minus with) above Pre-LN's by more than twice the larger seed spread: holds; at or"
-                     " below it: does not hold; else not shown. Overall: holds at every such depth, does not hold at"
-                     " every one, else not shown.",
+                     " without minus with) minus Pre-LN's, per seed, shown above 0 (95% interval): holds; shown below"
+                     " 0: does not hold; else not shown. Overall: holds at every such depth, does not hold at every"
+                     " one, else not shown.",
                      UNMEASURED if not per else HOLDS if all(p == HOLDS for p in per) else
-                     FAILS if all(p == FAILS for p in per) else UNSHOWN, {"per_depth": rows})
+                     FAILS if all(p == FAILS for p in per) else UNSHOWN,
+                     {"per_depth": {d: {"pre_gain": a.mean, "post_gain": b.mean, **numbers("post_minus_pre", c)}
+                                    for d, (a, b, c) in rows.items()}})
 
     def claims(self) -> list[Claim]:
         return [*self.lowest(), self.lns(), self.deepnorm(), *self.depth_scaling(), self.spikes(), self.growth(),
@@ -433,10 +466,24 @@ def cosine_order(run: Run) -> Optional[dict]:
     return {"step": step, "spearman": spearman(layers, table[step])}
 
 
+FROM_LOSSES = ("c-lowest", "c-lead-grows", "lns", "deepnorm", "pre-stalls", "a-post-gains")  # need final losses only
+
+
+def redecided(kept: list[Claim], runs: list[Run], label_of: Callable[[Run], str]) -> list[Claim]:
+    """A kept study's claims under today's rules: those that need only final losses decided again from ``runs``
+    (:func:`prores.study.runs.from_results`), the others (spikes, activations, analyses: event files that are
+    gone) with the verdicts and numbers kept, their statements and rules as the code words them now."""
+    again = {c.key: c for c in Study(runs, label_of).claims()}
+    renamed = {"not shown beyond the seed spread": UNSHOWN}  # the label of "not shown" until issue 41
+    return [again[c.key] if c.key in FROM_LOSSES else
+            Claim(c.key, again[c.key].statement, again[c.key].rule, renamed.get(c.verdict, c.verdict), c.numbers)
+            for c in kept]
+
+
 def claims_json(claims: list[Claim]) -> list[dict]:
     def clean(v):
-        if isinstance(v, float):
-            return None if not math.isfinite(v) else v
+        if isinstance(v, float):  # JSON has no infinity: a divergence's is kept as a string
+            return None if math.isnan(v) else v if math.isfinite(v) else str(v)
         if isinstance(v, dict):
             return {str(k): clean(x) for k, x in v.items()}
         if isinstance(v, (list, tuple)):
@@ -450,6 +497,8 @@ def claims_from_json(data: list[dict]) -> list[Claim]:
     def restore(v):
         if isinstance(v, dict):
             return {int(k) if k.lstrip("-").isdigit() else k: restore(x) for k, x in v.items()}
+        if v in ("inf", "-inf"):
+            return float(v)
         return [restore(x) for x in v] if isinstance(v, list) else v
     return [Claim(**{**c, "numbers": restore(c["numbers"])}) for c in data]
 
@@ -461,8 +510,8 @@ def _num(v, digits: int = 4, sign: str = "+") -> str:
     return f"{v:{sign}.{digits}f}" if isinstance(v, float) else str(v)
 
 
-def _spread(diff, spread) -> str:
-    return _num(diff) + ("" if spread is None else f" ± {spread:.4f}")
+def _interval(row: dict, name: str) -> str:
+    return kept_interval(row, name).text()
 
 
 def _details(c: Claim) -> list[str]:
@@ -472,15 +521,17 @@ def _details(c: Claim) -> list[str]:
         return ["| depth | best | ProRes loss | other − ProRes |", "| ---: | --- | --- | --- |"] + [
             f"| {d} | {r['best']} | {_num(r['prores'], sign='')}"
             + ("" if r["prores_spread"] is None else f" ± {r['prores_spread']:.4f}") + " | "
-            + "; ".join(f"{label} {_spread(m['minus_prores'], m['spread'])}" for label, m in r["margins"].items()) + " |"
+            + "; ".join(f"{label} {_interval(m, 'minus_prores')}" for label, m in r["margins"].items()) + " |"
             for d, r in n["per_depth"].items()]
     if c.key == "c-lead-grows":
+        change = n.get("deepest_minus_shallowest")
         return ["| depth | lead |", "| ---: | ---: |"] + [f"| {d} | {_num(v)} |" for d, v in n["lead"].items()] + [
-            "", f"Spearman correlation with depth: {_num(n['spearman'], 2)}"]
+            "", f"Spearman correlation with depth: {_num(n['spearman'], 2)}"] + (
+            ["", f"Deepest lead minus shallowest, per seed: {_interval(change, 'change')}"] if change else [])
     if c.key in ("lns", "deepnorm"):
         base = "minus_prores" if c.key == "lns" else "minus_pre"
         return ["| depth | " + ("LNS − ProRes" if c.key == "lns" else "DeepNorm − Pre-LN") + " |", "| ---: | --- |"] + [
-            f"| {d} | {_spread(r[base], r['spread'])} |" for d, r in n["per_depth"].items()]
+            f"| {d} | {_interval(r, base)} |" for d, r in n["per_depth"].items()]
     if c.key == "pre-stalls":
         methods = n["per_method"]
         depths = sorted({d for m in methods.values() for d in m["loss"]})
@@ -488,7 +539,10 @@ def _details(c: Claim) -> list[str]:
                  "|---" * (len(depths) + 3) + "|"]
                 + [f"| {label} | " + " | ".join(_num(m["loss"].get(d), sign="") for d in depths)
                    + f" | {m['keeps_improving']} | {_num(m['slope_per_block_deepest'], 6)} |"
-                   for label, m in methods.items()])
+                   for label, m in methods.items()]
+                + ([] if "pre_gain_from_depth" not in n else
+                   ["", f"Pre-LN's best up to 48 blocks ({n['pre_best_depth']}) minus its deepest, per seed:"
+                        f" {_interval(n, 'pre_gain_from_depth')}"]))
     if c.key == "d-spikes":
         methods = n["per_method"]
         depths = sorted({d for m in methods.values() for d in m})
@@ -514,15 +568,18 @@ def _details(c: Claim) -> list[str]:
             f"| {r} | {d} | " + ", ".join(f"{v['spearman']:+.2f} (step {v['step']})" for v in seeds.values()) + " |"
             for r, depths in n["per_role"].items() for d, seeds in sorted(depths.items())]
     if c.key == "a-post-gains":
-        return ["| depth | Pre-LN's gain | Post-LN's gain |", "| ---: | --- | --- |"] + [
-            f"| {d} | {_num(r['pre_gain'])} | {_num(r['post_gain'])} |" for d, r in n["per_depth"].items()]
+        return ["| depth | Pre-LN's gain | Post-LN's gain | Post-LN's minus Pre-LN's, per seed |",
+                "| ---: | --- | --- | --- |"] + [
+            f"| {d} | {_num(r['pre_gain'])} | {_num(r['post_gain'])} | {_interval(r, 'post_minus_pre')} |"
+            for d, r in n["per_depth"].items()]
     return []
 
 
 def claims_markdown(claims: list[Claim]) -> list[str]:
     lines = ["## Claims", "", "Each claim with the rule that decides it (`prores/study/claims.py`; the numbers in"
-             " full in [claims.json](claims.json)); losses are final validation losses in nats, differences with"
-             " their seed spread.", "", "| claim | verdict |", "| --- | --- |"]
+             " full in [claims.json](claims.json)); losses are final validation losses in nats, differences paired"
+             " over seeds with their 95% t-interval [low, high] (an infinite end where a run diverged; unpaired"
+             " where two methods share fewer than two seeds).", "", "| claim | verdict |", "| --- | --- |"]
     lines += [f"| {c.statement} | **{c.verdict}** |" for c in claims]
     for c in claims:
         lines += ["", f"### {c.statement}", "", f"**{c.verdict}.** Rule: {c.rule}", ""] + _details(c)

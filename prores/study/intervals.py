@@ -1,6 +1,10 @@
 """What a handful of seeds can tell: a paired difference over seeds with its 95% t-interval on n − 1 degrees of
 freedom (the seeds' draws of data order and initialisation are the sample; the methods share them, so the
-per-seed differences are paired). With two seeds the interval is wide (t = 12.7), and it says so."""
+per-seed differences are paired). With two seeds the interval is wide (t = 12.7), and it says so.
+
+A run that diverged or failed has loss +inf (worse than any loss). A difference that contains an infinity
+says only its signs: when every per-seed difference has the same sign the interval runs from the one nearest 0
+to the infinity, else it is the whole line; two runs that both failed tie (a difference of 0)."""
 
 from __future__ import annotations
 
@@ -33,9 +37,10 @@ def t975(df: int) -> float:
 @dataclass(frozen=True)
 class Interval:
     mean: float
-    low: Optional[float]  # None with one seed: nothing to tell the spread by
+    low: Optional[float]  # None with one seed (or none in common): nothing to tell the spread by
     high: Optional[float]
-    n: int
+    n: int  # the seeds paired; 0 for an unpaired difference
+    unpaired: Optional[tuple[int, int]] = None  # the two arms' seeds, for a difference of means (:func:`unpaired`)
 
     @property
     def verdict(self) -> Optional[str]:
@@ -45,17 +50,49 @@ class Interval:
         return BELOW if self.high < 0 else ABOVE if self.low > 0 else OVERLAPS
 
     def text(self, digits: int = 4) -> str:
+        seeds = (f"unpaired, {self.unpaired[0]} and {self.unpaired[1]} seeds" if self.unpaired else
+                 f"{self.n} seeds" if self.n > 1 else "1 seed" if self.n else "no seed in common")
         if self.low is None:
-            return f"{self.mean:+.{digits}f} (1 seed)"
-        return f"{self.mean:+.{digits}f} [{self.low:+.{digits}f}, {self.high:+.{digits}f}] ({self.n} seeds)"
+            return f"{self.mean:+.{digits}f} ({seeds})"
+        return f"{self.mean:+.{digits}f} [{self.low:+.{digits}f}, {self.high:+.{digits}f}] ({seeds})"
 
 
 def interval(values: list[float]) -> Optional[Interval]:
     """The mean of ``values`` (per-seed differences) with its 95% t-interval; None for no value."""
     if not values:
         return None
+    values = [0.0 if math.isnan(v) else v for v in values]  # inf - inf: both failed, a tie
     mean = statistics.fmean(values)
     if len(values) < 2:
         return Interval(mean, None, None, 1)
+    if not all(map(math.isfinite, values)):
+        if min(values) > 0:
+            return Interval(mean, min(values), math.inf, len(values))
+        if max(values) < 0:
+            return Interval(mean, -math.inf, max(values), len(values))
+        return Interval(mean, -math.inf, math.inf, len(values))
     half = t975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
     return Interval(mean, mean - half, mean + half, len(values))
+
+
+def unpaired(a: list[float], b: list[float]) -> Interval:
+    """mean(b) − mean(a) for arms that share fewer than two seeds (a method run on one seed against one run on
+    several): the two-sample t-interval with the variance pooled over the arms that have several values, on
+    Σ(n − 1) degrees of freedom. It assumes both arms vary alike (the same model under another residual
+    method); no interval when neither arm has two values. A divergence (+inf) is decided by the signs: every
+    value of one arm infinite and none of the other's is shown; anything else with an infinity is not."""
+    mean = statistics.fmean(b) - statistics.fmean(a)
+    sizes = (len(a), len(b))
+    inf_a, inf_b = (sum(not math.isfinite(v) for v in x) for x in (a, b))
+    if inf_a or inf_b:
+        if inf_b == len(b) and not inf_a:
+            return Interval(math.inf, math.inf, math.inf, 0, sizes)
+        if inf_a == len(a) and not inf_b:
+            return Interval(-math.inf, -math.inf, -math.inf, 0, sizes)
+        return Interval(mean, -math.inf, math.inf, 0, sizes)
+    df = len(a) + len(b) - 2
+    if df < 1 or (len(a) < 2 and len(b) < 2):
+        return Interval(mean, None, None, 0, sizes)
+    pooled = sum((len(x) - 1) * statistics.variance(x) for x in (a, b) if len(x) > 1) / df
+    half = t975(df) * math.sqrt(pooled * (1 / len(a) + 1 / len(b)))
+    return Interval(mean, mean - half, mean + half, 0, sizes)

@@ -4,23 +4,23 @@ Two runs are a pair when their resolved configs differ only in ``prores.*`` (the
 the other none) and in operational keys (:func:`prores.config.operational_keys`: checkpointing, watchdogs,
 monitors; a cell resumed by a newer prores may carry more of them), and they share a seed: the same method,
 depth and data with and without ProRes. Each pair gives a difference of final validation losses, on − off;
-over seeds it is a paired mean ± std, and its verdict uses the claims' rule (:func:`prores.study.claims.beyond`):
-ProRes helped when off − on is beyond twice the paired spread, hurt when on − off is, and otherwise the
-difference is within the seed spread.
+over seeds it is a paired mean with its 95% t-interval, and its verdict is the claims' rule
+(:func:`prores.study.claims.shown`): ProRes helped when the whole interval lies below 0, hurt when it lies
+above, and otherwise its effect is not shown (one seed shows nothing).
 """
 
 from __future__ import annotations
 
 import statistics
-from typing import Optional
 
 import yaml
 
 from prores.config import operational_keys
-from prores.study.claims import beyond, prores_on
+from prores.study.claims import prores_on, shown
+from prores.study.intervals import ABOVE, BELOW, Interval, interval
 from prores.study.runs import DEPTH, SEED, Run
 
-HELPS, HURTS, WITHIN = "helps", "hurts", "within the seed spread"
+HELPS, HURTS, UNSHOWN = "helps", "hurts", "not shown"
 OPERATIONAL = operational_keys()
 
 
@@ -47,13 +47,10 @@ def pairs(runs: list[Run]) -> dict[tuple[str, int], list[tuple[Run, Run]]]:
     return out
 
 
-def effect(pair_list: list[tuple[Run, Run]]) -> tuple[float, Optional[float], str]:
-    """(mean of on − off, its std over seeds or None with one seed, verdict)."""
-    diffs = [on.summary["final_valid_loss"] - off.summary["final_valid_loss"] for off, on in pair_list]
-    mean = statistics.fmean(diffs)
-    spread = statistics.stdev(diffs) if len(diffs) > 1 else None
-    verdict = HELPS if beyond(-mean, spread) else HURTS if beyond(mean, spread) else WITHIN
-    return mean, spread, verdict
+def effect(pair_list: list[tuple[Run, Run]]) -> tuple[Interval, str]:
+    """(on − off over the seeds, with its 95% interval; verdict)."""
+    iv = interval([on.summary["final_valid_loss"] - off.summary["final_valid_loss"] for off, on in pair_list])
+    return iv, HELPS if shown(iv, BELOW) else HURTS if shown(iv, ABOVE) else UNSHOWN
 
 
 def effect_table(runs: list[Run]) -> list[list[str]]:
@@ -64,11 +61,11 @@ def effect_table(runs: list[Run]) -> list[list[str]]:
     order = {}
     for key in found:
         order.setdefault(key[0], len(order))
-    rows = [["method", "depth", "off", "on", "on − off (paired)", "seeds", "ProRes"]]
+    rows = [["method", "depth", "off", "on", "on − off (paired, 95% interval)", "seeds", "ProRes"]]
     for (method, depth), pair_list in sorted(found.items(), key=lambda kv: (order[kv[0][0]], kv[0][1])):
-        mean, spread, verdict = effect(pair_list)
+        iv, verdict = effect(pair_list)
         off, on = ([p[i].summary["final_valid_loss"] for p in pair_list] for i in (0, 1))
         rows.append([method, str(depth), f"{statistics.fmean(off):.4f}", f"{statistics.fmean(on):.4f}",
-                     f"{mean:+.4f}" + (f" ± {spread:.4f}" if spread is not None else ""), str(len(pair_list)),
+                     iv.text().rsplit(" (", 1)[0], str(len(pair_list)),
                      verdict])
     return rows

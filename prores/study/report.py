@@ -124,7 +124,7 @@ def _figure(panels: int) -> tuple[Figure, list]:
     return fig, [fig.add_subplot(rows, cols, i + 1) for i in range(panels)]
 
 
-def _label(grid: dict, skip: tuple = (DEPTH,)) -> str:
+def cell_label(grid: dict, skip: tuple = (DEPTH,)) -> str:
     return ", ".join(f"{v}" for k, v in grid.items() if k not in skip) or "run"
 
 
@@ -132,7 +132,7 @@ def plot_ppl_vs_depth(runs: list[Run], keys: list[str]) -> Figure:
     fig, (ax,) = _figure(1)
     lines: dict[str, dict[int, list[float]]] = {}
     for r in runs:
-        line = lines.setdefault(_label(r.grid), {})
+        line = lines.setdefault(cell_label(r.grid), {})
         if r.completed:
             line.setdefault(r.depth, []).append(ppl(r.summary["final_valid_loss"]))
     for label, points in sorted(lines.items()):
@@ -171,7 +171,7 @@ def _panels_per_depth(runs: list[Run], series, title: str, xlabel: str, ylabel: 
             if points:
                 xs = sorted(points)
                 (ax.semilogy if log else ax.plot)(xs, [points[x] for x in xs], marker=".",
-                                                  label=f"{_label(r.grid)} s{r.seed}"
+                                                  label=f"{cell_label(r.grid)} s{r.seed}"
                                                   + ("" if r.completed else f" ({r.state})"))
         ax.set_title(title.format(depth=depth))
         ax.set_xlabel(xlabel)
@@ -242,9 +242,10 @@ def report(targets: list[Path], out_dir: Optional[Path] = None) -> Path:
     if effect:
         lines += ["## ProRes on − off", "", "Runs that differ only in ProRes (`prores.*`, and in keys that change no"
                   " numbers: checkpointing, watchdogs, monitors), paired by seed: the final"
-                  " validation loss with ProRes minus without, mean ± standard deviation over the seeds; ProRes"
-                  " helps or hurts when that is beyond twice its spread.", ""] + markdown_table(effect) + [""]
-    study = Study(runs, lambda r: _label(r.grid))
+                  " validation loss with ProRes minus without, the mean over the seeds with its 95% t-interval"
+                  " [low, high]; ProRes helps or hurts when the whole interval lies below or above 0, and"
+                  " otherwise its effect is not shown.", ""] + markdown_table(effect) + [""]
+    study = Study(runs, lambda r: cell_label(r.grid))
     if any(c.role == "prores" for c in study.cells.values()) and len(study.depths) > 1:
         analyze_kept_checkpoints(runs)
         claims = study.claims()

@@ -3,6 +3,7 @@ summary and the event files' scalars, grouped by cell."""
 
 from __future__ import annotations
 
+import csv
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -96,6 +97,27 @@ def collect(targets: list[Path]) -> tuple[list[Run], list[str], Optional[str]]:
         runs.append(Run(t.name, t, {k: config[k] for k in keys}, config.get(SEED), summary.get("status", "unknown"),
                         config, summary, _read_events(t), newest_metrics(t)[1]))
     return runs, keys, None
+
+
+def from_results(results_csv: Path, spec_file: str) -> list[Run]:
+    """The runs of a kept ``results.csv`` whose run directories are gone: each row's status and final loss, its
+    resolved config rebuilt from the sweep spec that made it (its cell by name). Enough for what depends only on
+    final losses (the loss claims, the on/off table); no event, analysis or evaluation is read back."""
+    from prores.config import load_config
+    from prores.study.sweep import expand
+
+    cells = {c.name: c for c in expand(spec_file)[1]}
+    runs = []
+    for row in csv.DictReader(Path(results_csv).open()):
+        cell = cells.get(row["name"])
+        if cell is None:
+            raise UsageError(f"{results_csv}: run {row['name']} is no cell of {spec_file}; give the spec that made it.")
+        summary = {"status": row["status"], "steps": int(row["steps"]) if row["steps"] else None,
+                   "final_valid_loss": float(row["final_valid_loss"]) if row["final_valid_loss"] else None}
+        runs.append(Run(cell.name, Path(cell.run_dir), {k: v for k, v in cell.grid.items() if k != SEED},
+                        cell.grid.get(SEED), row["status"], load_config(cell.base, tuple(cell.overrides)).flat(),
+                        summary))
+    return runs
 
 
 def ppl(loss: Optional[float]) -> Optional[float]:
