@@ -174,7 +174,7 @@ def test_the_zoo_on_off_table_is_its_results_csv():
     """ProRes on − off per method and depth, paired by seed, with its 95% t-interval, and the verdict by the
     report's rule (helps or hurts when the interval lies below or above 0), computed here from
     docs/cpu_zoo_results.csv (t's quantiles from scipy)."""
-    stats = pytest.importorskip("scipy.stats")
+    from scipy import stats
     rows = [r for r in csv.DictReader((ROOT / "docs" / "cpu_zoo_results.csv").open()) if r["status"] == "completed"]
     loss = {(r["method"], r["model.num_layers"], r["ProRes"], r["seed"]): float(r["final_valid_loss"]) for r in rows}
     table = next(t for t in markdown_tables((ROOT / "docs" / "results" / "zoo.md").read_text()) if t[0][0] == "method")
@@ -193,7 +193,9 @@ def test_the_zoo_on_off_table_is_its_results_csv():
 
 def quoted_values(study: str) -> set[str]:
     """Every figure the results pages may quote from a study's results.csv: each cell's mean and spread, each
-    run's loss, each paired difference (ProRes on − off; Pre-LN − Pre-LN + ProRes), at 2 to 4 decimals."""
+    run's loss, each paired difference (ProRes on − off; Pre-LN − Pre-LN + ProRes) with its spread and its 95%
+    t-interval's ends, at 2 to 4 decimals."""
+    from scipy import stats
     rows = [r for r in csv.DictReader((ROOT / "docs" / f"{study}_results.csv").open()) if r["status"] == "completed"]
     fields = list(rows[0])
     grid = fields[:fields.index("name")]
@@ -210,7 +212,9 @@ def quoted_values(study: str) -> set[str]:
             if sum(a != b for a, b in zip(key, other_key)) == 1 and key[0] == other_key[0]:
                 d = [other[s] - seeds[s] for s in seeds if s in other]
                 if len(d) > 1:
-                    numbers += [statistics.fmean(d), statistics.stdev(d)]
+                    half = stats.t.ppf(0.975, len(d) - 1) * statistics.stdev(d) / math.sqrt(len(d))
+                    numbers += [statistics.fmean(d), statistics.stdev(d), statistics.fmean(d) - half,
+                                statistics.fmean(d) + half]
     out = set()
     for x in numbers:
         for digits in (2, 3, 4):
