@@ -191,59 +191,55 @@ def test_the_zoo_on_off_table_is_its_results_csv():
         assert verdict == ("helps" if mean + half < 0 else "hurts" if mean - half > 0 else "not shown")
 
 
-def quoted_values(study: str) -> set[str]:
-    """Every figure the results pages may quote from a study's results.csv: each cell's mean and spread, each
-    run's loss, each paired difference (ProRes on − off; Pre-LN − Pre-LN + ProRes) with its spread and its 95%
-    t-interval's ends, at 2 to 4 decimals."""
-    from scipy import stats
-    rows = [r for r in csv.DictReader((ROOT / "docs" / f"{study}_results.csv").open()) if r["status"] == "completed"]
-    fields = list(rows[0])
-    grid = fields[:fields.index("name")]
-    numbers: list[float] = [float(r["final_valid_loss"]) for r in rows]
-    cells: dict[tuple, dict] = {}
-    for r in rows:
-        cells.setdefault(tuple(r[k] for k in grid), {})[r["seed"]] = float(r["final_valid_loss"])
-    for seeds in cells.values():
-        numbers.append(statistics.fmean(seeds.values()))
-        if len(seeds) > 1:
-            numbers.append(statistics.stdev(seeds.values()))
-    for key, seeds in cells.items():
-        for other_key, other in cells.items():  # pairs that differ in one grid value: on/off, method
-            if sum(a != b for a, b in zip(key, other_key)) == 1 and key[0] == other_key[0]:
-                d = [other[s] - seeds[s] for s in seeds if s in other]
-                if len(d) > 1:
-                    half = stats.t.ppf(0.975, len(d) - 1) * statistics.stdev(d) / math.sqrt(len(d))
-                    numbers += [statistics.fmean(d), statistics.stdev(d), statistics.fmean(d) - half,
-                                statistics.fmean(d) + half]
-    out = set()
-    for x in numbers:
-        for digits in (2, 3, 4):
-            out |= {f"{x:.{digits}f}", f"{abs(x):.{digits}f}"}
-    return out
-
-
-@pytest.mark.parametrize("page, study", STUDY_PAGES)
-def test_the_in_short_paragraphs_quote_their_results_csv(page, study):
-    """Each figure of a page's "In short" paragraph (a number with two or more decimals) is one its results.csv
-    gives: a cell's mean or spread, a run's loss, or a paired difference computed here; on the horizon page
-    also the 250-step study's and what `prores compare` prints (Kendall's τ)."""
-    text = (ROOT / "docs" / page).read_text()
-    paragraph = text.split("**In short.**", 1)[1].split("\n\n", 1)[0]
-    figures = re.findall(r"\d+\.\d{2,}", paragraph)
-    assert len(figures) >= 8, figures
-    allowed = quoted_values(study)
-    if study == "cpu_horizon":
-        allowed |= quoted_values("cpu_depth") | set(re.findall(r"\d+\.\d+", horizon_comparison()))
-    assert [f for f in figures if f not in allowed] == [], "not in " + study + "_results.csv"
-
-
-def losses(study: str) -> dict[tuple[int, str], dict[str, float]]:
-    """``{(depth, method): {seed: final loss}}`` of a kept study's completed runs."""
+def losses(study: str) -> dict[tuple, dict[str, float]]:
+    """``{(depth, method[, ProRes]): {seed: final loss}}`` of a kept study's completed runs."""
     out: dict = {}
     for r in csv.DictReader((ROOT / "docs" / f"{study}_results.csv").open()):
         if r["status"] == "completed":
-            out.setdefault((int(r["model.num_layers"]), r["method"]), {})[r["seed"]] = float(r["final_valid_loss"])
+            key = (int(r["model.num_layers"]), r["method"]) + ((r["ProRes"],) if "ProRes" in r else ())
+            out.setdefault(key, {})[r["seed"]] = float(r["final_valid_loss"])
     return out
+
+
+def t_interval(d: list[float]) -> tuple[float, float, float]:
+    """Mean and 95% t-interval ends of per-seed differences (t from scipy)."""
+    from scipy import stats
+    half = stats.t.ppf(0.975, len(d) - 1) * statistics.stdev(d) / math.sqrt(len(d))
+    return statistics.fmean(d), statistics.fmean(d) - half, statistics.fmean(d) + half
+
+
+def depth_quantities() -> list[tuple[str, float]]:
+    """The depth page's "In short" figures, in order, as the named quantities they stand for."""
+    study = losses("cpu_depth")
+    pro, pre = "Pre-LN + ProRes", "Pre-LN"
+
+    def lead(d):  # Pre-LN − ProRes, paired over the seeds
+        return statistics.fmean(study[d, pre][s] - study[d, pro][s] for s in study[d, pro])
+
+    def mean(d, m):
+        return statistics.fmean(study[d, m].values())
+    return [*((f"Pre-LN - ProRes at {d}", lead(d)) for d in (12, 24, 48, 72, 96, 120)),
+            ("Pre-LN's worst seed at 120", max(study[120, pre].values())),
+            ("Pre-LN at 12", mean(12, pre)), ("Pre-LN at 120", mean(120, pre)),
+            ("ProRes at 12", mean(12, pro)), ("ProRes at 120", mean(120, pro))]
+
+
+def zoo_quantities() -> list[tuple[str, float]]:
+    """The zoo page's "In short" figures, in order, as the named quantities they stand for."""
+    study = losses("cpu_zoo")
+
+    def cell(m, on, d=48):
+        values = list(study[d, m, on].values())
+        return [(f"{m} {on} at {d}", statistics.fmean(values)), (f"{m} {on} at {d}: std", statistics.stdev(values))]
+
+    def on_off(m, d):
+        off, on = study[d, m, "off"], study[d, m, "on"]
+        return t_interval([on[s] - off[s] for s in off])
+    pre48 = on_off("Pre-LN", 48)
+    return [*cell("Pre-LN", "on"), *cell("LayerScale", "off"), *cell("Mix-LN", "off"), *cell("CompleteP", "off"),
+            *cell("Peri-LN", "on"), ("on - off, Pre-LN at 48", pre48[0]), ("on - off, Peri-LN at 48", on_off("Peri-LN", 48)[0]),
+            ("on - off, HybridNorm at 12", on_off("HybridNorm", 12)[0]), ("on - off, Admin at 12", on_off("Admin", 12)[0]),
+            ("its interval, Pre-LN at 48: low", pre48[1]), ("high", pre48[2]), ("on - off, DyT at 48", on_off("DyT", 48)[0])]
 
 
 def horizon_quantities() -> list[tuple[str, float]]:
@@ -282,13 +278,19 @@ def horizon_quantities() -> list[tuple[str, float]]:
             ("Pre-LN at 12", mean(long, 12, pre)), ("Pre-LN at 120", mean(long, 120, pre))]
 
 
-def test_every_figure_of_the_horizon_summary_is_the_quantity_it_names():
-    """The paragraph's figures, in order, against :func:`horizon_quantities` (each rounded as the page rounds it,
-    signs as written): swapping two depths' or two methods' figures fails."""
-    text = (ROOT / "docs" / "results" / "cpu-horizon.md").read_text()
+SUMMARIES = {"results/cpu-horizon.md": horizon_quantities, "results/cpu-depth.md": depth_quantities,
+             "results/zoo.md": zoo_quantities}
+
+
+@pytest.mark.parametrize("page", SUMMARIES)
+def test_every_figure_of_a_summary_is_the_quantity_it_names(page):
+    """A results page's "In short" figures (two or more decimals), in order, against the named quantities its
+    function lists (each rounded as the page rounds it, signs as written): a figure quoted for the wrong method,
+    depth or length is out of this order and fails."""
+    text = (ROOT / "docs" / page).read_text()
     paragraph = text.split("**In short.**", 1)[1].split("\n\n", 1)[0].replace("−", "-")
     figures = re.findall(r"[-+]?\d+\.\d{2,}", paragraph)
-    want = horizon_quantities()
+    want = SUMMARIES[page]()
     assert len(figures) == len(want), figures
     for figure, (name, value) in zip(figures, want):
         digits = len(figure.split(".")[1])
@@ -296,13 +298,19 @@ def test_every_figure_of_the_horizon_summary_is_the_quantity_it_names():
         assert figure == shown, (name, figure, shown)
 
 
-def test_the_horizon_summary_test_fails_on_a_misattributed_figure(monkeypatch):
-    """The mutation: the page with its 48- and 120-block LayerScale figures swapped."""
-    page = ROOT / "docs" / "results" / "cpu-horizon.md"
-    text = page.read_text()
-    assert "(1.7638, 1.7465 and 1.7250)" in text
-    swapped = text.replace("(1.7638, 1.7465 and 1.7250)", "(1.7638, 1.7250 and 1.7465)")
+@pytest.mark.parametrize("page, quoted, swapped, caught", [
+    ("results/cpu-horizon.md", "(1.7638, 1.7465 and 1.7250)", "(1.7638, 1.7250 and 1.7465)", "LayerScale at 48"),
+    ("results/cpu-depth.md", "+0.132, +0.153", "+0.153, +0.132", "Pre-LN - ProRes at 48"),
+    ("results/zoo.md", "Mix-LN (2.3772 ± 0.0003), CompleteP (2.3970 ± 0.0177)",
+     "Mix-LN (2.3970 ± 0.0177), CompleteP (2.3772 ± 0.0003)", "Mix-LN off at 48"),
+])
+def test_the_summary_test_fails_on_a_misattributed_figure(monkeypatch, page, quoted, swapped, caught):
+    """The mutation: two figures of a summary swapped between the depths or methods they name."""
+    path = ROOT / "docs" / page
+    text = path.read_text()
+    assert quoted in text
+    mutated = text.replace(quoted, swapped)
     real_read = Path.read_text
-    monkeypatch.setattr(Path, "read_text", lambda p, *a, **k: swapped if p == page else real_read(p, *a, **k))
-    with pytest.raises(AssertionError, match="LayerScale at 48"):
-        test_every_figure_of_the_horizon_summary_is_the_quantity_it_names()
+    monkeypatch.setattr(Path, "read_text", lambda p, *a, **k: mutated if p == path else real_read(p, *a, **k))
+    with pytest.raises(AssertionError, match=caught):
+        test_every_figure_of_a_summary_is_the_quantity_it_names(page)
