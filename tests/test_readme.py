@@ -91,7 +91,8 @@ def test_the_readmes_speed_figures_are_the_kept_printouts():
     assert "Both runs are within the goal of 1.03 at both depths" in " ".join(
         (ROOT / "docs" / "monitoring.md").read_text().split())
     overhead = (ROOT / "docs" / "overhead.txt").read_text()
-    at_48, at_120 = (float(x) for x in re.findall(r"prores / bare = ([\d.]+)", overhead))
+    # a goal is met only when the lower end of the rounds' interval clears it, not the median
+    at_48, at_120 = (float(x) for x in re.findall(r"prores / bare = [\d.]+ \(([\d.]+) to", overhead))
     met = {(True, True): "is met at 48 and at 120 blocks", (True, False): "is met at 48 blocks and not at 120",
            (False, True): "is met at 120 blocks and not at 48", (False, False): "is met at neither 48 nor 120 blocks"}
     assert f"**The goal, 0.95, {met[at_48 >= 0.95, at_120 >= 0.95]}.**" in readme

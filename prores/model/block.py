@@ -13,6 +13,7 @@ from megatron.core.transformer.spec_utils import build_module
 
 from prores.model import fused
 from prores.model.attention import MLP_SPEC, attention_spec, megatron_config, rope_table
+from prores.model.block_compile import compile_block
 from prores.model.depth_mup import branch_multiplier, hidden_optimizer_scales
 from prores.model.init import init_piece
 from prores.model.layouts import LAYOUTS
@@ -61,6 +62,8 @@ class Block(nn.Module):
         init_piece(self, model_cfg, layer, seed, tp)
         self.alpha: Optional[torch.Tensor] = None
         self.set_step(0)
+        if backend == "block":
+            compile_block(self)
 
     def initial_values(self) -> dict[str, float]:
         """The method's gains, from their init rules (:mod:`prores.model.init` draws the rest)."""

@@ -15,7 +15,8 @@ Norm(c·x + a·f) = Norm(x + (a/c)·f) with eps/c² (a norm ignores the scale of
 its input except through eps), so one add+norm kernel serves post and deepnorm.
 
 Backends (``kernels.backend``): ``eager`` (plain torch, the reference),
-``compile`` (the same formulas under Inductor), ``triton`` (fused GPU kernels).
+``compile`` (the same formulas under Inductor), ``triton`` (fused GPU kernels), ``block`` (the eager
+formulas, each block compiled whole: :mod:`prores.model.block_compile`).
 ``auto`` takes triton on CUDA, compile on CPU with a C++ compiler, else eager.
 """
 
@@ -114,6 +115,6 @@ def resolve_backend(requested: str, device: torch.device) -> tuple[str, str]:
             raise UsageError(f"kernels.backend=triton needs a CUDA device (this run is on {device.type});"
                              " use kernels.backend=auto or compile, or set TRITON_INTERPRET=1 for tests.")
         return "triton", "requested" + (" (TRITON_INTERPRET=1)" if device.type != "cuda" else "")
-    if requested == "compile" and device.type == "cpu" and not shutil.which(os.environ.get("CXX", "g++")):
-        raise UsageError("kernels.backend=compile on CPU needs a C++ compiler (g++); install one or use eager.")
+    if requested in ("compile", "block") and device.type == "cpu" and not shutil.which(os.environ.get("CXX", "g++")):
+        raise UsageError(f"kernels.backend={requested} on CPU needs a C++ compiler (g++); install one or use eager.")
     return requested, "requested"

@@ -9,6 +9,7 @@ BACKENDS = {
     "eager": "prores.model.kernels.reference",
     "compile": "prores.model.kernels.compiled",
     "triton": "prores.model.kernels.triton_ops",
+    "block": "prores.model.kernels.reference",  # the eager formulas, each block compiled whole (block_compile)
 }
 
 # model.norm -> what it computes

@@ -1,0 +1,45 @@
+"""kernels.backend=block (prores/model/block_compile.py): a block compiled whole has no graph break, one graph
+serves every block of a stack, and a new alpha does not recompile. (Its losses against eager's:
+tests/test_fused.py::test_switching_backend_changes_nothing_but_speed.)"""
+
+import pytest
+import torch
+
+from prores.config import load_config
+from prores.model.block import Block
+from prores.model.block_compile import _trace_tp_group_lookup
+from prores.model.prores import ProRes
+
+
+def block(layout: str, layer: int = 2, backend: str = "eager") -> Block:
+    cfg = load_config("cpu-depth.yaml", ("model.num_layers=4", f"model.norm_layout={layout}", "model.seq_length=16",
+                                         f"model.init={'deepnorm' if layout == 'deepnorm' else 'normal'}"))
+    return Block(cfg.model, ProRes("linear", 3, 4), layer, seed=1, backend=backend)
+
+
+@pytest.mark.parametrize("layout", ["pre", "post", "sandwich", "deepnorm", "layerscale", "hybridnorm"])
+def test_a_block_is_one_graph(world_of_one, layout):
+    """Without the traced tp-group lookup Megatron's linear layers break the graph four times (its deprecation
+    warning); with it, Dynamo traces the whole block, alpha < 1 included."""
+    _trace_tp_group_lookup()
+    b = block(layout)
+    b.set_step(1)
+    x = torch.randn(16, 2, 64, requires_grad=True)
+    found = torch._dynamo.explain(b)(x)
+    assert (found.graph_count, found.graph_break_count) == (1, 0), [r.reason for r in found.break_reasons]
+
+
+def test_one_graph_for_every_block_and_alpha(world_of_one):
+    """Four blocks of a stack, each at two steps (two alphas): one compiled graph, forward and backward."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    blocks = [block("pre", layer, backend="block") for layer in range(1, 5)]
+    x = torch.randn(16, 2, 64, requires_grad=True)
+    for step in (1, 2):
+        h = x
+        for b in blocks:
+            b.set_step(step)
+            h = b(h)
+        h.sum().backward()
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert "_orig_mod" not in "".join(blocks[0].state_dict())  # compiled in place: the eager block's names
