@@ -245,9 +245,9 @@ def report(targets: list[Path], out_dir: Optional[Path] = None) -> Path:
                   " validation loss with ProRes minus without, the mean over the seeds with its 95% t-interval"
                   " [low, high]; ProRes helps or hurts when the whole interval lies below or above 0, and"
                   " otherwise its effect is not shown.", ""] + markdown_table(effect) + [""]
+    analyze_kept_checkpoints(runs)  # each finished run at once: a sweep in progress keeps its cells analysed
     study = Study(runs, lambda r: cell_label(r.grid))
     if any(c.role == "prores" for c in study.cells.values()) and len(study.depths) > 1:
-        analyze_kept_checkpoints(runs)
         claims = study.claims()
         (out_dir / "claims.json").write_text(json.dumps(claims_json(claims), indent=1))
         lines += claims_markdown(claims)
