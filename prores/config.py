@@ -62,6 +62,9 @@ class ModelConfig:
     init: str = _key("normal", "init scheme; deepnorm goes with, and only with, the deepnorm layout",
                      choices=tuple(INIT_SCHEMES))
     init_std: float = _key(0.02, "std of the normal init", minimum=0.0)
+    embedding_init: str = _key("matrix", "the token embedding's init std: matrix, model.init_std as every matrix;"
+                               " sqrt_width, model.init_std·√hidden_size (the ProRes paper's code)",
+                               choices=("matrix", "sqrt_width"))
     position: str = _key("rope", "position encoding", choices=("rope", "learned"))
     rope_base: float = _key(10000.0, "RoPE base frequency", minimum=1.0)
     mlp: str = _key("swiglu", "MLP kind", choices=("swiglu", "gelu"))
@@ -104,7 +107,15 @@ class OptimConfig:
     warmup_steps: int = _key(2000, "linear learning-rate warmup steps", minimum=0)
     decay_fraction: float = _key(0.1, "wsd: share of the steps in the final decay", minimum=0.0)
     betas: list = _key([0.9, 0.95], "AdamW betas")
-    weight_decay: float = _key(0.1, "AdamW weight decay; never on norm gains and biases", minimum=0.0)
+    weight_decay: float = _key(0.1, "AdamW weight decay, on the parameters optim.decay names", minimum=0.0)
+    decay: str = _key("matrices", "which parameters decay: matrices, every matrix (the embedding and head"
+                      " included) and no vector; reference, the ProRes paper's code: all but the token embedding,"
+                      " biases and the blocks' norm gains (so the final norm's gain decays)",
+                      choices=("matrices", "reference"))
+    lr_convention: str = _key("prores", "when the schedule's multiplier applies: prores, update t (from 1) takes the"
+                              " multiplier of step t, so the first update is at lr/warmup; reference, one step"
+                              " behind, as torch's LambdaLR in the ProRes paper's code (the first update at lr 0)",
+                              choices=("prores", "reference"))
     eps: float = _key(1e-8, "AdamW epsilon", minimum=0.0)
     clip_grad: float = _key(1.0, "clip the global gradient norm to this; 0 disables clipping", minimum=0.0)
 

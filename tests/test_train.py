@@ -147,6 +147,10 @@ def test_resolved_config_is_written(run):
     asked["train"]["precision"] = "fp32"
     assert written == asked
     assert "train.precision=auto: using fp32 (on CPU)" in stdout.splitlines()
+    setup = next(line for line in stdout.splitlines() if line.startswith("setup: "))  # the defaults, said
+    cfg = load_config(None, OVERRIDES)
+    assert setup.startswith(f"setup: token embedding init std {cfg.model.init_std:g} (model.embedding_init=matrix);")
+    assert setup.endswith(f"the first update at {1 / cfg.optim.warmup_steps:.4g}·lr (optim.lr_convention=prores)")
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"global_step{STEPS}"
 
 

@@ -18,7 +18,7 @@ from megatron.core import parallel_state
 from prores.data.sources import RunData, build_run_data
 from prores.model import fused
 from prores.model.block import Block
-from prores.model.gpt import Piece, gpt_pieces, lm_loss
+from prores.model.gpt import Embedding, FinalNorm, Piece, gpt_pieces, lm_loss
 from prores.model.prores import ProRes, ProResScheduler
 from prores.parallel import topology
 from prores.parallel.grad_norm import GlobalNormAdamW
@@ -126,15 +126,29 @@ def deepspeed_config(cfg, dp: int) -> dict:
     }
 
 
+def decays(module: torch.nn.Module, rule: str) -> set[int]:
+    """The ids of the parameters that decay under ``optim.decay``: ``matrices``, every matrix; ``reference``
+    (the ProRes paper's torchrun_main.py: no decay on names with "bias", "layernorm.weight" or "embed_tokens",
+    so its final norm's gain decays), every matrix but the token embedding, and the final norm's gain.
+    A method's own gains, which the reference has none of, never decay."""
+    matrices = {id(p) for p in module.parameters() if p.dim() >= 2}
+    if rule == "matrices":
+        return matrices
+    embedding = {id(m.word_embeddings.weight) for m in module.modules() if isinstance(m, Embedding)}
+    final_gain = {id(m.norm.weight) for m in module.modules() if isinstance(m, FinalNorm) and m.norm.weight is not None}
+    return (matrices - embedding) | final_gain
+
+
 def param_groups(module: torch.nn.Module, optim) -> list[dict]:
-    """AdamW's parameter groups: matrices decay, vectors (norm gains, biases, a method's gains) do not; a
-    block's parameters take the learning-rate and epsilon factors its residual method sets (depth-µP,
+    """AdamW's parameter groups: those :func:`decays` names decay, the others do not; a block's parameters
+    take the learning-rate and epsilon factors its residual method sets (depth-µP,
     ``Block.optimizer_scales``). Each group keeps its factor as ``lr_scale``: a resume sets its
     learning rate from the config again (:meth:`prores.launcher.train.Trainer.load`)."""
     scales = {id(p): b.optimizer_scales for b in module.modules() if isinstance(b, Block) for p in b.parameters()}
+    decaying = decays(module, optim.decay)
     groups: dict[tuple, list] = {}
     for p in module.parameters():
-        groups.setdefault((p.dim() >= 2, *scales.get(id(p), (1.0, 1.0))), []).append(p)
+        groups.setdefault((id(p) in decaying, *scales.get(id(p), (1.0, 1.0))), []).append(p)
     return [{"params": params, "weight_decay": optim.weight_decay if decay else 0.0, "lr": optim.lr * lr_scale,
              "lr_scale": lr_scale, "eps": optim.eps * eps_scale}
             for (decay, lr_scale, eps_scale), params in sorted(groups.items(), key=lambda kv: (not kv[0][0], kv[0][1:]))]
@@ -150,9 +164,26 @@ def build_optimizer(cfg, module: torch.nn.Module, topo) -> torch.optim.Optimizer
     return torch.optim.AdamW(groups, **adamw)
 
 
+def setup_text(cfg, module: torch.nn.Module) -> str:
+    """The start-up line that says the training setup's choices where the ProRes paper's code differs."""
+    from prores.model.init import embedding_std
+
+    o, decaying = cfg.optim, decays(module, cfg.optim.decay)
+    decayed = sum(1 for p in module.parameters() if id(p) in decaying)
+    return (f"setup: token embedding init std {embedding_std(cfg.model):.4g} (model.embedding_init="
+            f"{cfg.model.embedding_init}); weight decay {o.weight_decay:g} on {decayed} of"
+            f" {sum(1 for _ in module.parameters())} parameter tensors (optim.decay={o.decay}); the first update at"
+            f" {lr_lambda(cfg)(0):.4g}·lr (optim.lr_convention={o.lr_convention})")
+
+
 def lr_lambda(cfg):
+    """The multiplier of ``step`` (0-based, the update about to be made). ``optim.lr_convention=reference``
+    evaluates the schedule one step behind, which is what the reference's ``LambdaLR(step / warmup)`` gives:
+    its warmup starts at 0 and its linear decay ends at 1/decay_steps, where prores's reach the same values one
+    update earlier."""
     fn, o = LR_SCHEDULES[cfg.optim.lr_schedule], cfg.optim
-    return lambda step: fn(step, cfg.train.steps, o.warmup_steps, o.min_lr_ratio, o.decay_fraction)
+    behind = 1 if o.lr_convention == "reference" else 0
+    return lambda step: fn(step - behind, cfg.train.steps, o.warmup_steps, o.min_lr_ratio, o.decay_fraction)
 
 
 def build_engine(cfg, module: torch.nn.Module, topo):

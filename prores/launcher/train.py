@@ -28,7 +28,8 @@ from megatron.core import parallel_state
 from prores.config import Config, config_text, dump_config, warnings_of
 from prores.data.tokenizers import load_tokenizer
 from prores.errors import UsageError
-from prores.launcher.builders import build_data, build_engine, build_model, resolve_precision, start_processes
+from prores.launcher.builders import (build_data, build_engine, build_model, resolve_precision, setup_text,
+                                      start_processes)
 from prores.launcher.preflight import Plan, agreed, clean_up_failed_start, preflight, take_lock
 from prores.monitor.registry import build_callbacks
 from prores.monitor.tensorboard import RunWriter, mark_resume
@@ -65,6 +66,7 @@ class Trainer:
         self.say(f"kernels.backend={cfg.kernels.backend}: using {model.backend} ({model.backend_reason})")
         self.module, self.blocks, self.prores, self.backend = model.module, model.blocks, model.prores, model.backend
         self.engine = build_engine(cfg, self.module, self.topo)
+        self.say(setup_text(cfg, self.module))
         self.callbacks = build_callbacks(cfg) if callbacks is None else list(callbacks)
         self._call_before_updates()
         self.tokens_per_step = cfg.train.global_batch(self.topo.dp) * cfg.model.seq_length

@@ -12,6 +12,7 @@ Layer index 0 is the embedding, 1..L the blocks, L+1 the final norm and head.
 from __future__ import annotations
 
 import hashlib
+import math
 
 import torch
 from torch import nn
@@ -32,14 +33,25 @@ def full_shape(param: torch.Tensor, tp_size: int) -> list[int]:
     return shape
 
 
+EMBEDDING = "word_embeddings.weight"
+
+
+def embedding_std(model_cfg) -> float:
+    """The token embedding's init std (``model.embedding_init``)."""
+    scale = math.sqrt(model_cfg.hidden_size) if model_cfg.embedding_init == "sqrt_width" else 1.0
+    return model_cfg.init_std * scale
+
+
 def initial_value(name: str, param: torch.Tensor, *, layer: int, num_layers: int, scheme: str, std: float,
-                  seed: int, num_heads: int, tp_size: int) -> torch.Tensor:
-    """The full (unsharded) initial tensor for one parameter, in fp32 on CPU."""
+                  seed: int, num_heads: int, tp_size: int, embedding: float) -> torch.Tensor:
+    """The full (unsharded) initial tensor for one parameter, in fp32 on CPU; ``embedding`` is the token
+    embedding's std."""
     shape = full_shape(param, tp_size)
     if param.dim() == 1:  # vectors: norm gains (start at 1) and biases (start at 0); others declare theirs
         return torch.ones(shape) if name.endswith("weight") else torch.zeros(shape)
     gen = torch.Generator().manual_seed(param_seed(seed, layer, name))
-    full = torch.randn(shape, generator=gen) * matrix_std(scheme, std, name, layer, num_layers)
+    full = torch.randn(shape, generator=gen) * (embedding if name.endswith(EMBEDDING) else
+                                                matrix_std(scheme, std, name, layer, num_layers))
     if scheme == "deepnorm" and name.endswith("linear_qkv.weight"):
         # Megatron's fused QKV rows are [head, (q, k, v), head_dim]; only v gets the gain.
         per_head = full.view(num_heads, 3, -1, shape[-1])
@@ -59,18 +71,19 @@ def declared_values(module: nn.Module) -> dict[str, float]:
 
 @torch.no_grad()
 def init_parameters(module: nn.Module, *, layer: int, num_layers: int, scheme: str, std: float, seed: int,
-                    num_heads: int, tp_rank: int, tp_size: int) -> None:
+                    num_heads: int, tp_rank: int, tp_size: int, embedding: float) -> None:
     constants = declared_values(module)
     for name, param in module.named_parameters():
         if name in constants:
             param.fill_(constants[name])
             continue
         full = initial_value(name, param, layer=layer, num_layers=num_layers, scheme=scheme, std=std,
-                             seed=seed, num_heads=num_heads, tp_size=tp_size)
+                             seed=seed, num_heads=num_heads, tp_size=tp_size, embedding=embedding)
         param.copy_(shard(full, param, tp_rank, tp_size))
 
 
 def init_piece(module: nn.Module, model_cfg, layer: int, seed: int, tp: tuple[int, int]) -> None:
     """Initialise a model piece in place for tensor-parallel rank ``tp[0]`` of ``tp[1]``."""
     init_parameters(module, layer=layer, num_layers=model_cfg.num_layers, scheme=model_cfg.init,
-                    std=model_cfg.init_std, seed=seed, num_heads=model_cfg.num_heads, tp_rank=tp[0], tp_size=tp[1])
+                    std=model_cfg.init_std, seed=seed, num_heads=model_cfg.num_heads, tp_rank=tp[0], tp_size=tp[1],
+                    embedding=embedding_std(model_cfg))
