@@ -19,6 +19,7 @@ from prores.data.sources import RunData, build_run_data
 from prores.model import fused
 from prores.model.block import Block
 from prores.model.gpt import Embedding, FinalNorm, Piece, gpt_pieces, lm_loss
+from prores.model.init import embedding_std
 from prores.model.prores import ProRes, ProResScheduler
 from prores.parallel import topology
 from prores.parallel.grad_norm import GlobalNormAdamW
@@ -166,8 +167,6 @@ def build_optimizer(cfg, module: torch.nn.Module, topo) -> torch.optim.Optimizer
 
 def setup_text(cfg, module: torch.nn.Module) -> str:
     """The start-up line that says the training setup's choices where the ProRes paper's code differs."""
-    from prores.model.init import embedding_std
-
     o, decaying = cfg.optim, decays(module, cfg.optim.decay)
     decayed = sum(1 for p in module.parameters() if id(p) in decaying)
     return (f"setup: token embedding init std {embedding_std(cfg.model):.4g} (model.embedding_init="
