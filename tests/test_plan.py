@@ -11,6 +11,7 @@ import torch
 from conftest import run_cli
 from prores.config import load_config
 from prores.run.rng import stream_seed
+from prores.model.attention import rope_tables
 from prores.model.block import Block
 from prores.model.gpt import Embedding, FinalNorm, Head, lm_loss
 from prores.model.prores import ProRes
@@ -65,6 +66,13 @@ def saved_bytes(fn, exclude) -> int:
     return sum(n for ptr, n in storages.items() if ptr not in skip)
 
 
+def shared_tables(m, dtype) -> list[torch.Tensor]:
+    """RoPE's cached cos and sin, which every block shares (like a parameter, not a block's activation)."""
+    if m.position != "rope":
+        return []
+    return list(rope_tables(m.seq_length, m.hidden_size // m.num_heads, m.rope_base, dtype, torch.device("cpu")))
+
+
 @pytest.mark.parametrize("variant", list(SHAPES))
 def test_parameter_counts_are_those_of_the_built_pieces(variant, world_of_one):
     m = load_config(None, SMALL + VARIANTS[variant]).model
@@ -96,7 +104,7 @@ def test_block_activations_are_what_autograd_keeps(variant, precision, backend, 
     block = Block(m, ProRes("linear", 10, m.num_layers), 2, 0, backend=backend).to(dtype)
     block.set_step(3)
     x = torch.randn(m.seq_length, 2, m.hidden_size, dtype=dtype, requires_grad=True)
-    kept = saved_bytes(lambda: block(x * 1), list(block.parameters()))
+    kept = saved_bytes(lambda: block(x * 1), list(block.parameters()) + shared_tables(m, dtype))
     assert block_activations(m, Shape(m.seq_length, 2, dtype.itemsize), backend=backend) == kept
 
 
@@ -109,7 +117,7 @@ def test_a_bf16_block_on_an_fp32_stream(backend, world_of_one):
     block = Block(m, ProRes("linear", 10, m.num_layers), 2, 0, backend=backend).to(torch.bfloat16)
     block.set_step(3)
     x = torch.randn(m.seq_length, 2, m.hidden_size, dtype=torch.float32, requires_grad=True)
-    kept = saved_bytes(lambda: block(x * 1), list(block.parameters()))
+    kept = saved_bytes(lambda: block(x * 1), list(block.parameters()) + shared_tables(m, torch.bfloat16))
     assert block_activations(m, Shape(m.seq_length, 2, 2, stream=4), backend=backend) == kept
 
 

@@ -5,9 +5,11 @@ Two small pieces of our own, both plugged in without patching Megatron:
 * :class:`SDPACoreAttention`, a causal core attention on
   ``torch.nn.functional.scaled_dot_product_attention`` (Megatron's
   DotProductAttention needs its fused softmax kernels; TE needs CUDA).
-* :func:`rope_table`, the rotary angle table in the layout Megatron's
-  ``apply_rotary_pos_emb`` expects. Megatron's ``RotaryEmbedding.get_emb``
-  moves its buffer to ``torch.cuda.current_device()``, so it cannot run on CPU.
+* :func:`rotate`, rotary embedding applied inside the core attention, after Megatron's Q and K norms as
+  Megatron applies it. Megatron's ``RotaryEmbedding.get_emb`` moves its buffer to
+  ``torch.cuda.current_device()``, so it cannot run on CPU, and its ``apply_rotary_pos_emb`` takes the cosine
+  and sine of the angles on every call and concatenates twice per tensor; the tables here are computed once,
+  and the rotation is one flip, two multiplies and one add, bitwise Megatron's values.
 """
 
 from __future__ import annotations
@@ -80,10 +82,11 @@ class SDPACoreAttention(nn.Module):
 
     def __init__(self, *, config: TransformerConfig, layer_number: int, attn_mask_type, attention_type,
                  cp_comm_type=None, softmax_scale=None, pg_collection=None, attention_dropout=None,
-                 v_norm: Optional[ModuleSpec] = None):
+                 v_norm: Optional[ModuleSpec] = None, rope_base: Optional[float] = None):
         super().__init__()
         self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
         self.softmax_scale = softmax_scale
+        self.rope_base = rope_base  # None: no rotary embedding
         self.v_norm = None if v_norm is None else build_module(v_norm, hidden_size=config.kv_channels,
                                                                config=config, eps=config.layernorm_epsilon)
 
@@ -91,6 +94,9 @@ class SDPACoreAttention(nn.Module):
                 packed_seq_params=None):
         if self.v_norm is not None:
             value = self.v_norm(value)
+        if self.rope_base is not None:
+            cos, sin = rope_tables(query.shape[0], query.shape[-1], self.rope_base, query.dtype, query.device)
+            query, key = rotate(query, cos, sin), rotate(key, cos, sin)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # -> [b, n, s, d]
         out = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, scale=self.softmax_scale,
@@ -100,21 +106,34 @@ class SDPACoreAttention(nn.Module):
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)
 
 
-@functools.lru_cache(maxsize=16)
-def rope_table(seq_length: int, head_dim: int, base: float, device: torch.device) -> torch.Tensor:
-    """[s, 1, 1, head_dim] fp32 angles, kept in fp32 even when the model is bf16."""
+@functools.lru_cache(maxsize=32)
+def rope_tables(seq_length: int, head_dim: int, base: float, dtype: torch.dtype,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, sin)`` for the half-split convention, [s, 1, 1, head_dim] at the activations' dtype, from fp32
+    angles as Megatron's: the cosine and sine are taken in fp32, then cast. The sine's first half is negated,
+    so that :func:`rotate` needs no negation of its own."""
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-    angles = torch.outer(torch.arange(seq_length, dtype=torch.float64), inv_freq)
-    return torch.cat([angles, angles], dim=-1)[:, None, None, :].float().to(device)
+    angles = torch.outer(torch.arange(seq_length, dtype=torch.float64), inv_freq).float()
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    tables = torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)
+    return tuple(t[:, None, None, :].to(dtype=dtype, device=device) for t in tables)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of [s, b, heads, head_dim]: ``x·cos + [x2, x1]·sin`` with ``sin`` from
+    :func:`rope_tables`, which is Megatron's ``x·cos + [-x2, x1]·sin`` (a negation is exact)."""
+    swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
+    return x * cos + swapped * sin
 
 
 def attention_spec(model_cfg, qkv_norm: bool = False) -> ModuleSpec:
     """Megatron's SelfAttention with our core attention; ``qkv_norm``: Q, K and V each normed whole."""
-    core = SDPACoreAttention
     norm = None
+    core_params = {"rope_base": model_cfg.rope_base if model_cfg.position == "rope" else None}
     if qkv_norm:
         norm = ModuleSpec(module=ProjectionNorm, params={"kind": model_cfg.norm, "dyt_init": model_cfg.dyt_init})
-        core = ModuleSpec(module=SDPACoreAttention, params={"v_norm": norm})
+        core_params["v_norm"] = norm
+    core = ModuleSpec(module=SDPACoreAttention, params=core_params)
     return ModuleSpec(
         module=SelfAttention,
         params={"attn_mask_type": AttnMaskType.causal},

@@ -12,7 +12,7 @@ from torch import nn
 from megatron.core.transformer.spec_utils import build_module
 
 from prores.model import fused
-from prores.model.attention import MLP_SPEC, attention_spec, megatron_config, rope_table
+from prores.model.attention import MLP_SPEC, attention_spec, megatron_config
 from prores.model.block_compile import compile_block
 from prores.model.depth_mup import branch_multiplier, hidden_optimizer_scales
 from prores.model.init import init_piece
@@ -46,8 +46,6 @@ class Block(nn.Module):
         self.multiplier = branch_multiplier(model_cfg)
         self.optimizer_scales = hidden_optimizer_scales(model_cfg)  # (learning rate, AdamW eps) factors
         self.dropout = model_cfg.dropout
-        self.rope = (model_cfg.hidden_size // model_cfg.num_heads, model_cfg.rope_base) \
-            if model_cfg.position == "rope" else None
 
         config = megatron_config(model_cfg)
         self.self_attention = build_module(attention_spec(model_cfg, self.layout.qkv_norm), config=config,
@@ -95,9 +93,7 @@ class Block(nn.Module):
         return y.to(self.mlp.linear_fc2.weight.dtype)
 
     def attention_branch(self, y: torch.Tensor) -> torch.Tensor:
-        y = self._compute(y)
-        rope = None if self.rope is None else rope_table(y.shape[0], *self.rope, y.device)
-        out, _ = self.self_attention(y, None, rotary_pos_emb=rope)
+        out, _ = self.self_attention(self._compute(y), None)  # rotary embedding: in the core attention
         return self._drop(out)
 
     def mlp_branch(self, y: torch.Tensor) -> torch.Tensor:

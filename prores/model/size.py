@@ -129,7 +129,6 @@ def block_activations(m, shape: Shape, tp: int = 1, backend: str = "eager") -> i
     else:  # SDPA keeps QKV's output whole
         qkv = 3 * h * e
     split = (qkv + (rope + h + (5 if m.mlp == "swiglu" else 2) * f) * e) // tp + a // tp * FP32  # + the LSE
-    rope_tables = 4 * shape.seq * (h // a) * e if m.position == "rope" else 0  # cos and sin, for Q and K
     # a norm whose gain is not the parameter itself keeps that copy: scaled by LNS, or (eager, compiled,
     # DyT everywhere) cast to fp32; the Q, K and V norms always run eager
     scaled = layout.norm_out_scale(2) != 1.0
@@ -137,7 +136,8 @@ def block_activations(m, shape: Shape, tp: int = 1, backend: str = "eager") -> i
     gain_copies = norms * _kept_affine(m, h) * (FP32 if copies else e) if copies or scaled else 0
     if layout.qkv_norm and e != FP32:
         gain_copies += 3 * _kept_affine(m, h // tp) * FP32
-    return shape.seq * shape.batch * (replicated + split) + rope_tables + gain_copies
+    # RoPE's cos and sin tables are not counted: one cached pair serves every block (prores.model.attention)
+    return shape.seq * shape.batch * (replicated + split) + gain_copies
 
 
 def embedding_activations(m, shape: Shape) -> int:
