@@ -158,7 +158,8 @@ def param_groups(module: torch.nn.Module, optim) -> list[dict]:
 def build_optimizer(cfg, module: torch.nn.Module, topo) -> torch.optim.Optimizer:
     """AdamW with the paper's defaults; clipping is DeepSpeed's except where prores must do it."""
     o = cfg.optim
-    groups, adamw = param_groups(module, o), dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps)
+    groups = param_groups(module, o)
+    adamw = dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps, **{o.implementation: True})
     if clips_itself(cfg):
         return GlobalNormAdamW(groups, max_norm=o.clip_grad, tp_rank=topo.tp_rank,
                                model_parallel_group=parallel_state.get_model_parallel_group(), **adamw)
