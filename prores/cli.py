@@ -222,7 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     config = argparse.ArgumentParser(add_help=False)  # how train and config name a configuration
     config.add_argument("config", nargs="?", default=None, help="YAML config (default: packaged configs/tiny.yaml)")
     config.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one config key, e.g. --set model.num_layers=48 (repeatable)")
+                        help="override one config key, e.g. --set model.num_layers=48, or apply a preset of"
+                             " them, e.g. --set @paper-setup (the ProRes paper's training setup; repeatable, in order)")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("train", parents=[config], help="train a model (default: the packaged tiny config)")
     p.add_argument("--run-dir", default=None, help="where events, config.yaml and checkpoints go (default:"

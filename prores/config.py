@@ -32,6 +32,7 @@ from prores.run.lr import LR_SCHEDULES
 
 PACKAGED_CONFIGS = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = PACKAGED_CONFIGS / "tiny.yaml"
+PRESETS = PACKAGED_CONFIGS / "presets"  # named sets of --set choices: --set @NAME
 
 
 class ConfigError(UsageError):
@@ -378,10 +379,28 @@ def _build(cls, data: dict, prefix: str):
 
 
 def apply_override(data: dict, assignment: str) -> None:
-    """Apply one ``section.key=value`` to a raw config mapping; the value is YAML."""
+    """Apply one ``section.key=value`` (the value is YAML) to a raw config mapping, or ``@PRESET``: every
+    ``section.key: value`` of a preset file (:data:`PRESETS`, or a path), in its order."""
+    if assignment.startswith("@"):
+        path = find_file(assignment[1:] + ("" if assignment.endswith(".yaml") else ".yaml"), PRESETS, "preset")
+        preset = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(preset, dict) or any(isinstance(v, dict) for v in preset.values()):
+            raise ConfigError(f"preset {path}: expected flat 'section.key: value' lines, as --set takes them.")
+        for key, value in preset.items():
+            _assign(data, str(key), value, f"preset {path}: {key}")
+        return
     if "=" not in assignment:
-        raise ConfigError(f"--set {assignment!r}: expected KEY=VALUE, e.g. --set model.num_layers=48.")
+        raise ConfigError(f"--set {assignment!r}: expected KEY=VALUE, e.g. --set model.num_layers=48, or @PRESET"
+                          f" (one of: {', '.join(sorted(p.stem for p in PRESETS.glob('*.yaml')))}).")
     path, raw = assignment.split("=", 1)
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {assignment!r}: the value is not valid YAML ({exc}).") from None
+    _assign(data, path, value, f"--set {assignment!r}")
+
+
+def _assign(data: dict, path: str, value, where: str) -> None:
     parts = path.strip().split(".")
     node = data
     for part in parts[:-1]:
@@ -389,11 +408,8 @@ def apply_override(data: dict, assignment: str) -> None:
             node[part] = {}
         node = node[part]
         if not isinstance(node, dict):
-            raise ConfigError(f"--set {assignment!r}: '{part}' is not a section.")
-    try:
-        node[parts[-1]] = yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--set {assignment!r}: the value is not valid YAML ({exc}).") from None
+            raise ConfigError(f"{where}: '{part}' is not a section.")
+    node[parts[-1]] = value
 
 
 def find_file(name: str | Path, packaged: Path, what: str) -> Path:

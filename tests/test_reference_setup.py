@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from prores.config import load_config
-from prores.launcher.builders import decays, lr_lambda, setup_text
+from prores.launcher.builders import build_optimizer, decays, lr_lambda, setup_text
 from prores.model.gpt import gpt_pieces
 from prores.model.prores import ProRes
 
@@ -76,3 +76,80 @@ def test_the_embedding_std_rule(world_of_one):
     a, b = plain[0].word_embeddings.weight, wide[0].word_embeddings.weight
     assert torch.equal(b, a * math.sqrt(16))  # the same draw, scaled
     assert torch.equal(plain[1].mlp.linear_fc1.weight, wide[1].mlp.linear_fc1.weight)  # nothing else moves
+
+
+def test_the_preset_is_the_reference_setup_and_the_sweep_uses_it_whole():
+    import yaml
+
+    from prores.config import PRESETS
+    from prores.study.sweep import PACKAGED_SWEEPS
+
+    preset = yaml.safe_load((PRESETS / "paper-setup.yaml").read_text())
+    assert preset == {"model.embedding_init": "sqrt_width", "optim.decay": "reference",
+                      "optim.lr_convention": "reference", "optim.implementation": "fused"}
+    sweep = yaml.safe_load((PACKAGED_SWEEPS / "cpu-horizon-reference.yaml").read_text())
+    assert preset.items() <= sweep["set"].items()
+    cfg = load_config("cpu-depth.yaml", ("@paper-setup",))
+    assert (cfg.model.embedding_init, cfg.optim.decay, cfg.optim.lr_convention, cfg.optim.implementation) == \
+        ("sqrt_width", "reference", "reference", "fused")
+    # later --set wins, as with any two assignments
+    assert load_config(None, ("@paper-setup", "optim.decay=matrices")).optim.decay == "matrices"
+
+
+def test_updates_under_the_preset_are_the_references_training_loop(world_of_one):
+    """torchrun_main.py's recipe, written out: AdamW(groups by HF name with no_decay = ["bias",
+    "layernorm.weight", "embed_tokens"], betas=(0.9, 0.95), eps=1e-8, fused=True); its WSD LambdaLR; before each
+    step grad_norm = get_total_norm(grads) and clip_grads_with_norm_(params, clip, grad_norm). prores's builder
+    under --set @paper-setup (GlobalNormAdamW: fp32, ZeRO-0) must make the same updates from the same gradients.
+    The clipping norms are two fp32 sums in different orders (a relative 1e-6 at most at this size); Adam's step
+    m̂/(√v̂+ε) does not depend on the gradients' scale but through ε, so the weights agree to rounding."""
+    from prores.eval.export import llama_weights
+
+    steps, warmup, lr = 5, 2, 1e-2
+    common = ("@paper-setup", "train.precision=fp32", "parallel.zero_stage=0", f"optim.lr={lr}",
+              f"optim.warmup_steps={warmup}", f"train.steps={steps}", "optim.decay_fraction=0.4",
+              "optim.clip_grad=0.5", "optim.weight_decay=0.1")
+    cfg, ours = pieces(*common)
+    _, theirs = pieces(*common)
+    optimizer = build_optimizer(cfg, ours, world_of_one)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+
+    by_storage = {}
+    for name, t in llama_weights(list(theirs), cfg.model).items():
+        by_storage.setdefault(t.untyped_storage().data_ptr(), []).append(name)
+    # Q, K and V are cut from one fused matrix (copies): they go by its name, which no no_decay entry matches
+    named = [(by_storage.get(p.untyped_storage().data_ptr(), [n]), p) for n, p in theirs.named_parameters()]
+    assert sum(n == [f"{i}.self_attention.linear_qkv.weight"] for i in (1, 2) for n, _ in named) == 2
+    no_decay = ["bias", "layernorm.weight", "embed_tokens"]
+    decays_ = lambda names: not any(nd in n for n in names for nd in no_decay)  # noqa: E731
+    reference = torch.optim.AdamW([{"params": [p for n, p in named if decays_(n)], "weight_decay": 0.1},
+                                   {"params": [p for n, p in named if not decays_(n)], "weight_decay": 0.0}],
+                                  lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    reference_schedule = torch.optim.lr_scheduler.LambdaLR(
+        reference, lambda s: reference_wsd(s, steps, warmup, 0.4))
+
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(steps):
+        for a, b in zip(ours.parameters(), theirs.parameters()):
+            a.grad = torch.randn(a.shape, generator=gen)
+            b.grad = a.grad.clone()
+        optimizer.step()
+        schedule.step()
+        grads = [p.grad for p in theirs.parameters()]
+        norm = torch.nn.utils.get_total_norm(grads, norm_type=2)
+        torch.nn.utils.clip_grads_with_norm_(list(theirs.parameters()), 0.5, norm)
+        reference.step()
+        reference_schedule.step()
+    assert [g["lr"] for g in optimizer.param_groups] == [reference.param_groups[0]["lr"]] * 2
+    _, initial = pieces(*common)
+    for a, b, start, (names, _) in zip(ours.parameters(), theirs.parameters(), initial.parameters(), named):
+        # a wrong decay group would show as lr·λ·|p| ≈ 2e-5 a step, far above this
+        bound = 4 * 2**-24 * a.detach().abs() + steps * lr * 1e-5
+        assert not torch.equal(a, start), names
+        assert ((a - b).abs() <= bound).all(), names
+        for moment in ("exp_avg", "exp_avg_sq"):
+            # sums of clipped gradients whose clip factors differ by ~1e-6 relative; a sum may cancel, so the
+            # bound is relative to the tensor's largest moment, not to each element
+            mine, ref = optimizer.state[a][moment], reference.state[b][moment]
+            torch.testing.assert_close(mine, ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
+        assert float(optimizer.state[a]["step"]) == float(reference.state[b]["step"]) == steps

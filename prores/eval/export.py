@@ -73,19 +73,13 @@ def _bytes_to_unicode() -> list[str]:
     return [out[b] for b in range(256)]
 
 
-def export_hf(run_dir: Path, out: Path, step: Optional[int] = None) -> Path:
-    from safetensors.torch import save_file
-
-    run_dir, out = Path(run_dir), Path(out)
-    step = pick_step(run_dir, step)
-    model = OneProcessModel.of(run_dir).load(run_dir, step)
-    cfg, m = model.cfg, model.cfg.model
-    why = llama_refusal(cfg, model)
-    if why:
-        raise UsageError(f"{run_dir} (step {step}) cannot be exported as a Hugging Face Llama: {why}.")
+def llama_weights(pieces: list[torch.nn.Module], m) -> dict[str, torch.Tensor]:
+    """The pieces' weights under LlamaForCausalLM's names (views, but Q, K and V: copies cut from the fused
+    QKV matrix). Alpha is not a weight: a model
+    whose alpha is not 1 is refused by :func:`llama_refusal` before its weights are written."""
     h, heads, d = m.hidden_size, m.num_heads, m.hidden_size // m.num_heads
     state: dict[str, torch.Tensor] = {}
-    for piece in model.pieces:
+    for piece in pieces:
         if isinstance(piece, Embedding) and "model.embed_tokens.weight" not in state:
             state["model.embed_tokens.weight"] = piece.word_embeddings.weight
         elif isinstance(piece, Block):
@@ -103,17 +97,37 @@ def export_hf(run_dir: Path, out: Path, step: Optional[int] = None) -> Path:
             state["model.norm.weight"] = piece.norm.weight
         elif isinstance(piece, Head):
             state["lm_head.weight"] = piece.linear.weight
+    return state
+
+
+def llama_config(m, vocab_size: int) -> dict:
+    """The LlamaConfig fields of model config ``m`` (``vocab_size``: the padded vocabulary)."""
+    h, heads = m.hidden_size, m.num_heads
+    return {"model_type": "llama", "hidden_size": h, "intermediate_size": m.ffn_hidden_size,
+            "num_hidden_layers": m.num_layers, "num_attention_heads": heads, "num_key_value_heads": heads,
+            "head_dim": h // heads, "hidden_act": "silu", "rms_norm_eps": m.norm_eps, "rope_theta": m.rope_base,
+            "max_position_embeddings": m.seq_length, "vocab_size": vocab_size,
+            "tie_word_embeddings": m.tie_embeddings, "attention_bias": False, "mlp_bias": False,
+            "torch_dtype": "float32"}
+
+
+def export_hf(run_dir: Path, out: Path, step: Optional[int] = None) -> Path:
+    from safetensors.torch import save_file
+
+    run_dir, out = Path(run_dir), Path(out)
+    step = pick_step(run_dir, step)
+    model = OneProcessModel.of(run_dir).load(run_dir, step)
+    cfg, m = model.cfg, model.cfg.model
+    why = llama_refusal(cfg, model)
+    if why:
+        raise UsageError(f"{run_dir} (step {step}) cannot be exported as a Hugging Face Llama: {why}.")
+    state = llama_weights(model.pieces, m)
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().float().contiguous() for k, v in state.items()}, str(out / "model.safetensors"))
     tokenizer, eod = model.tokenizer, model.tokenizer.eod
-    (out / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": h,
-        "intermediate_size": m.ffn_hidden_size, "num_hidden_layers": m.num_layers, "num_attention_heads": heads,
-        "num_key_value_heads": heads, "head_dim": d, "hidden_act": "silu", "rms_norm_eps": m.norm_eps,
-        "rope_theta": m.rope_base, "max_position_embeddings": m.seq_length,
-        "vocab_size": state["model.embed_tokens.weight"].shape[0], "tie_word_embeddings": m.tie_embeddings,
-        "attention_bias": False, "mlp_bias": False, "bos_token_id": eod, "eos_token_id": eod,
-        "torch_dtype": "float32"}, indent=2))
+    config = llama_config(m, state["model.embed_tokens.weight"].shape[0])
+    (out / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], **config,
+                                                 "bos_token_id": eod, "eos_token_id": eod}, indent=2))
     if tokenizer.name == "byte":
         _bpe_byte_tokenizer(out)
         special = {"eos_token": "<eod>", "bos_token": "<eod>", "pad_token": "<pad>"}

@@ -42,7 +42,11 @@ class OneProcessModel:
     @classmethod
     def of(cls, run_dir: Path) -> "OneProcessModel":
         """The run's model, built in this process (tp = pp = 1), weights not loaded yet."""
-        cfg = run_config(run_dir)
+        return cls.of_config(run_config(run_dir))
+
+    @classmethod
+    def of_config(cls, cfg: Config) -> "OneProcessModel":
+        """The model of config ``cfg``, built in this process (tp = pp = 1) with its initial weights."""
         topology.init(1, 1)
         tokenizer = load_tokenizer(cfg.data.tokenizer)
         specs = model_pieces(cfg, tokenizer.vocab_size, prores_schedule(cfg))
