@@ -26,7 +26,7 @@ from prores.errors import UsageError
 from prores.model.init_schemes import INIT_SCHEMES
 from prores.model.kernels import BACKENDS, NORMS
 from prores.model.layouts import LAYOUTS
-from prores.model.prores import SCHEDULES
+from prores.model.prores import SCHEDULES, schedule_name
 from prores.monitor.registry import CALLBACKS
 from prores.run.lr import LR_SCHEDULES
 
@@ -39,10 +39,12 @@ class ConfigError(UsageError):
     """A bad config value. The message alone tells the user what to change."""
 
 
-def _key(default, help: str, *, choices=None, minimum=None, above=None, operational=False):
+def _key(default, help: str, *, choices=None, minimum=None, above=None, operational=False, canonical=None):
     """A config key. ``operational``: it changes how a run is watched, saved or guarded, never what it
-    computes, so two runs that differ only in such keys train the same numbers (the report pairs them)."""
-    meta = {"choices": choices, "minimum": minimum, "above": above, "help": help, "operational": operational}
+    computes, so two runs that differ only in such keys train the same numbers (the report pairs them).
+    ``canonical``: maps another spelling of a value to the one kept (raising ValueError for one refused)."""
+    meta = {"choices": choices, "minimum": minimum, "above": above, "help": help, "operational": operational,
+            "canonical": canonical}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
     return field(default=default, metadata=meta)
@@ -93,8 +95,9 @@ class ModelConfig:
 
 @dataclass
 class ProResConfig:
-    schedule: str = _key("linear", "alpha(l, t), see the schedule table; none turns ProRes off",
-                         choices=tuple(SCHEDULES))
+    schedule: str = _key("linear", "alpha(l, t), see the schedule table; none turns ProRes off; the ProRes"
+                                   " paper's code's names (sqrt, stagewise_sqrt_L, ...) are read as prores's",
+                         choices=tuple(SCHEDULES), canonical=schedule_name)
     T: float = _key(1000.0, "per-layer warmup length in steps, a positive real: block l saturates at step"
                             " T·l under linear (so a short run keeps the paper's warmup fractions)", above=0.0)
 
@@ -374,6 +377,12 @@ def _build(cls, data: dict, prefix: str):
             kwargs[name] = _build(tp, value, key)
         else:
             kwargs[name] = _coerce(key, value, tp)
+            canonical = fields[name].metadata.get("canonical")
+            if canonical is not None:
+                try:
+                    kwargs[name] = canonical(kwargs[name])
+                except ValueError as exc:
+                    raise ConfigError(f"{key}: {exc}") from None
             _check_field(key, kwargs[name], fields[name].metadata)
     return cls(**kwargs)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from prores.cli import build_parser
 from prores.config import keys_markdown, methods_markdown
-from prores.model.prores import SCHEDULES
+from prores.model.prores import NOT_THE_SAME, REFERENCE_NAMES, SCHEDULES
 from prores.monitor.registry import CALLBACKS
 from prores.study.claims import claims_from_json, claims_markdown
 
@@ -58,7 +58,13 @@ def methods_page() -> str:
             + "\n\n`prores.schedule` chooses alpha(l, t) (`prores/model/prores.py`), with l the global block"
             " index (1-based) and t the completed optimizer steps:\n\n| schedule | alpha(l, t) |\n| --- | --- |\n"
             + "\n".join(f"| `{s.name}` | {s.doc} |" for s in SCHEDULES.values())
-            + "\n\n`train.callbacks` names what runs beside the loop, in this order"
+            + "\n\nThe ProRes paper's code's names are read as prores's: "
+            + ", ".join(f"`{a}` as `{b}`" for a, b in REFERENCE_NAMES.items())
+            + ". The same at a whole T; at a fractional T prores's block l saturates at step T·l, where the"
+              " reference's per-layer lengths `linspace(P // L, P, L)` (P = T·L) round the first down."
+              " Refused, because the reference's schedule of that name is another: "
+            + "; ".join(f"`{a}`: {why}" for a, why in NOT_THE_SAME.items())
+            + ".\n\n`train.callbacks` names what runs beside the loop, in this order"
               " (`prores/monitor/registry.py`):\n\n| callback | what it does |\n| --- | --- |\n"
             + "\n".join(f"| `{name}` | {doc} |" for name, (_, doc) in CALLBACKS.items()))
 

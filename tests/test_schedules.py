@@ -19,6 +19,7 @@ TABLE = [
     ("stagewise-0", 1, 5, 0.5), ("stagewise-0", 2, 5, 0.0), ("stagewise-0", 2, 15, 0.5),
     ("stagewise-0", 4, 30, 0.0), ("stagewise-0", 4, 35, 0.5), ("stagewise-0", 4, 40, 1.0),
     ("stagewise-L", 2, 0, 0.25), ("stagewise-L", 2, 15, 0.625), ("stagewise-L", 4, 40, 1.0),
+    ("stagewise-sqrt-L", 1, 0, 0.5), ("stagewise-sqrt-L", 3, 25, 0.75), ("stagewise-sqrt-L", 4, 40, 1.0),
     ("stagewise-sqrt-l", 4, 0, 0.5), ("stagewise-sqrt-l", 4, 35, 0.75), ("stagewise-sqrt-l", 1, 0, 1.0),
     ("fix-L", 1, 0, 0.25), ("fix-L", 4, 1000, 0.25),
     ("fix-sqrt-L", 2, 7, 0.5), ("fix-sqrt-l", 4, 3, 0.5), ("fix-sqrt-l", 1, 3, 1.0),
@@ -37,7 +38,7 @@ def test_table_covers_every_schedule():
 
 # The first step from which every alpha is exactly 1 forever (None: never).
 SATURATION = {"linear": 40, "linear-sqrt": 40, "linear-square": 40, "equal": 10, "reverse": 40,
-              "stagewise-0": 40, "stagewise-L": 40, "stagewise-sqrt-l": 40, "fix-L": None,
+              "stagewise-0": 40, "stagewise-L": 40, "stagewise-sqrt-L": 40, "stagewise-sqrt-l": 40, "fix-L": None,
               "fix-sqrt-L": None, "fix-sqrt-l": None, "none": 0}
 
 
@@ -82,3 +83,56 @@ def test_global_index_is_one_based_and_checked():
         p.alpha(5, 5)
     assert p.alpha(1, 3) == 0.3 and p.alpha(3, 3) == pytest.approx(0.1)
     assert math.isclose(ProRes("linear-sqrt", T, L).alpha(3, 3), math.sqrt(0.1))
+
+
+def reference_alphas(name: str, t: int, P: int, L: int) -> list[float]:
+    """torchrun_main.py (dandingsky/ProRes at 5253e0d), for update step t and prores_warmup_steps P:
+        layerwise_warmup_steps = np.linspace(P // L, P, L)   (flipped for linear_reverse)
+        linear: np.clip(t / w, 0, 1); sqrt: np.clip(np.sqrt(t / w), 0, 1); square: np.clip((t / w)**2, 0, 1)
+        stagewise_*: np.clip(m + (1 - m) * (t - concat([0], w[:-1])) / np.diff(w, prepend=0), m, 1), with
+            m = 0, 1/L, sqrt(1/L) or 1/sqrt([1..L]) for stagewise_0, _L, _sqrt_L, _sqrt_l"""
+    w = [P // L + i * (P - P // L) / (L - 1) for i in range(L)]
+    if name == "linear_reverse":
+        w = w[::-1]
+    clip = lambda x, lo=0.0: min(max(x, lo), 1.0)  # noqa: E731
+    if name in ("linear", "linear_reverse"):
+        return [clip(t / x) for x in w]
+    if name in ("sqrt", "linear_sqrt"):
+        return [clip(math.sqrt(t / x)) for x in w]
+    if name in ("square", "linear_square"):
+        return [clip((t / x) ** 2) for x in w]
+    lows = {"stagewise_0": [0.0] * L, "stagewise_L": [1 / L] * L, "stagewise_sqrt_L": [math.sqrt(1 / L)] * L,
+            "stagewise_sqrt_l": [1 / math.sqrt(l) for l in range(1, L + 1)]}[name]
+    before = [0.0] + w[:-1]
+    return [clip(m + (1 - m) * (t - b) / (x - b), m) for m, b, x in zip(lows, before, w)]
+
+
+REFERENCE = ["linear", "linear_reverse", "sqrt", "square", "linear_sqrt", "linear_square", "stagewise_0",
+             "stagewise_L", "stagewise_sqrt_L", "stagewise_sqrt_l"]
+
+
+@pytest.mark.parametrize("name", REFERENCE)
+@pytest.mark.parametrize("T, L", [(10, 4), (5, 7), (3, 12)])
+def test_the_reference_names_are_the_references_schedules_at_a_whole_T(name, T, L):
+    from prores.config import load_config
+
+    ours = ProRes(load_config(None, (f"prores.schedule={name}",)).prores.schedule, T, L)
+    for t in range(0, T * L + 3):
+        assert [ours.alpha(l, t) for l in range(1, L + 1)] == pytest.approx(reference_alphas(name, t, T * L, L),
+                                                                          abs=1e-12), t
+
+
+def test_at_a_fractional_T_prores_keeps_T_times_l_where_the_reference_rounds():
+    """cpu-depth.yaml's T = 2.5 at 48 blocks: P = 120, the reference's first block saturates at 120 // 48 = 2."""
+    ours = ProRes("linear", 2.5, 48)
+    assert reference_alphas("linear", 2, 120, 48)[0] == 1.0 and ours.alpha(1, 2) == 0.8
+    assert ours.alpha(1, 3) == 1.0 and ours.alpha(48, 120) == reference_alphas("linear", 120, 120, 48)[47] == 1.0
+
+
+@pytest.mark.parametrize("name, fix", [("linear_equal", "prores.schedule=equal with prores.T set to T·L"),
+                                       ("fix_sqrt_l", "prores.schedule=fix-sqrt-l knowing so")])
+def test_a_reference_name_with_another_schedule_is_refused_with_the_fix(name, fix):
+    from prores.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=f"prores.schedule: '{name}'.*{fix}"):
+        load_config(None, (f"prores.schedule={name}",))

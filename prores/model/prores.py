@@ -55,6 +55,9 @@ SCHEDULES: dict[str, Schedule] = {
         Schedule("stagewise-0", _stagewise0, _after_all_layers, "clip((t − T(l−1))/T, 0, 1)"),
         Schedule("stagewise-L", lambda l, t, T, L: _stagewise0(l, t, T, L) * (1 - 1 / L) + 1 / L,
                  _after_all_layers, "stagewise-0·(1 − 1/L) + 1/L"),
+        Schedule("stagewise-sqrt-L",
+                 lambda l, t, T, L: _stagewise0(l, t, T, L) * (1 - 1 / math.sqrt(L)) + 1 / math.sqrt(L),
+                 _after_all_layers, "stagewise-0·(1 − 1/sqrt(L)) + 1/sqrt(L)"),
         Schedule("stagewise-sqrt-l",
                  lambda l, t, T, L: _stagewise0(l, t, T, L) * (1 - 1 / math.sqrt(l)) + 1 / math.sqrt(l),
                  _after_all_layers, "stagewise-0·(1 − 1/sqrt(l)) + 1/sqrt(l)"),
@@ -64,6 +67,35 @@ SCHEDULES: dict[str, Schedule] = {
         Schedule("none", lambda l, t, T, L: 1.0, lambda T, L: 0, "1 (ProRes off)"),
     )
 }
+
+
+# The ProRes paper's code's names (torchrun_main.py's PRORES_SCHEDULE, and its README's linear_sqrt and
+# linear_square, which that code does not accept) for the same functions. Its per-layer warmup lengths are
+# linspace(P // L, P, L) with P = T·L steps, equal to prores's T·l exactly when T is a whole number; at a
+# fractional T prores keeps T·l (block l saturates at step T·l, as the paper's formula says), where the
+# reference rounds P // L down (its first block warms up in 2 steps, not 2.5, at T = 2.5 and L = 48).
+REFERENCE_NAMES: dict[str, str] = {
+    "sqrt": "linear-sqrt", "square": "linear-square", "linear_sqrt": "linear-sqrt", "linear_square": "linear-square",
+    "linear_reverse": "reverse", "stagewise_0": "stagewise-0", "stagewise_L": "stagewise-L",
+    "stagewise_sqrt_L": "stagewise-sqrt-L", "stagewise_sqrt_l": "stagewise-sqrt-l",
+}
+# The reference's names whose schedule is not prores's of that name: refused with what to write instead.
+NOT_THE_SAME: dict[str, str] = {
+    "linear_equal": "the ProRes paper's code warms every block up over T·L steps; prores's 'equal' does over T:"
+                    " use prores.schedule=equal with prores.T set to T·L",
+    **{f"fix_{k}": f"the ProRes paper's code holds its fix_{k} alpha for T·L steps and then sets it to 1;"
+                   f" prores's fix-{k.replace('_', '-')} holds it for the whole run: use"
+                   f" prores.schedule=fix-{k.replace('_', '-')} knowing so"
+       for k in ("L", "sqrt_L", "sqrt_l")},
+}
+
+
+def schedule_name(name: str) -> str:
+    """prores's name for ``name`` (its own, or the ProRes paper's code's); ValueError for a reference name
+    whose schedule differs from prores's."""
+    if name in NOT_THE_SAME:
+        raise ValueError(f"'{name}': {NOT_THE_SAME[name]}.")
+    return REFERENCE_NAMES.get(name, name)
 
 
 @dataclass(frozen=True)
