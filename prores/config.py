@@ -23,7 +23,7 @@ from typing import Any, Optional
 import yaml
 
 from prores.errors import UsageError
-from prores.model.init_schemes import INIT_SCHEMES
+from prores.model.init_schemes import DEEPNORM_SCHEMES, INIT_SCHEMES
 from prores.model.kernels import BACKENDS, NORMS
 from prores.model.layouts import LAYOUTS
 from prores.model.prores import SCHEDULES, schedule_name
@@ -62,12 +62,17 @@ class ModelConfig:
                                    " where alpha goes, see the method table", choices=tuple(LAYOUTS))
     norm: str = _key("rmsnorm", "the norm", choices=tuple(NORMS))
     norm_eps: float = _key(1e-5, "the norm's epsilon", minimum=0.0)
-    init: str = _key("normal", "init scheme; deepnorm goes with, and only with, the deepnorm layout",
+    init: str = _key("normal", "init scheme; deepnorm and deepnorm-xavier go with, and only with, the deepnorm"
+                               " layout",
                      choices=tuple(INIT_SCHEMES))
     init_std: float = _key(0.02, "std of the normal init", minimum=0.0)
     embedding_init: str = _key("matrix", "the token embedding's init std: matrix, model.init_std as every matrix;"
                                " sqrt_width, model.init_std·√hidden_size (the ProRes paper's code)",
                                choices=("matrix", "sqrt_width"))
+    lns_scale: str = _key("fixed", "LNS's 1/√l (model.norm_layout=lns): fixed, a constant on the norms' output (the"
+                          " LNS paper's formula); gain, the blocks' learnable norm gains initialised at 1/√l (the"
+                          " ProRes paper's code): the same forward at step 0, moved differently by AdamW",
+                          choices=("fixed", "gain"))
     position: str = _key("rope", "position encoding", choices=("rope", "learned"))
     rope_base: float = _key(10000.0, "RoPE base frequency", minimum=1.0)
     mlp: str = _key("swiglu", "MLP kind", choices=("swiglu", "gelu"))
@@ -462,10 +467,11 @@ def validate(cfg: Config) -> Config:
             f"model.position=rope needs an even head size, got {m.hidden_size // m.num_heads};"
             " change model.num_heads or use model.position=learned."
         )
-    if (m.norm_layout == "deepnorm") != (m.init == "deepnorm"):
+    if (m.norm_layout == "deepnorm") != (m.init in DEEPNORM_SCHEMES):
         raise ConfigError(
             f"model.norm_layout={m.norm_layout} with model.init={m.init}: the deepnorm layout and"
-            " the deepnorm init gains go together; set both to deepnorm or neither."
+            " the deepnorm init gains go together; set model.init to deepnorm (or deepnorm-xavier, the ProRes"
+            " paper's code's) with the deepnorm layout, and to neither without it."
         )
     if m.mixln_ratio > 1:
         raise ConfigError(f"model.mixln_ratio={m.mixln_ratio} must lie in [0, 1]: the share of blocks in Post-LN.")

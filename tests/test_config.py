@@ -90,8 +90,8 @@ def test_cli_prints_one_line_and_no_traceback():
         "prores: error: unknown config key 'model.num_layer'. Did you mean 'model.num_layers'?"
         " Known keys here: " + ", ".join(
             ["num_layers", "hidden_size", "ffn_hidden_size", "num_heads", "seq_length", "dropout", "norm_layout",
-             "norm", "norm_eps", "init", "init_std", "embedding_init", "position", "rope_base", "mlp", "tie_embeddings",
-             "vocab_multiple", "fp32_residual", "recompute", "layerscale_init", "rezero_init", "mixln_ratio",
+             "norm", "norm_eps", "init", "init_std", "embedding_init", "lns_scale", "position", "rope_base", "mlp",
+             "tie_embeddings", "vocab_multiple", "fp32_residual", "recompute", "layerscale_init", "rezero_init", "mixln_ratio",
              "dyt_init", "depth_mup_alpha", "depth_mup_base"]) + ".")
 
 

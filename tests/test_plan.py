@@ -30,6 +30,7 @@ SHAPES = {
     "post": ("model.norm_layout=post",),
     "sandwich": ("model.norm_layout=sandwich",),
     "lns, layernorm": ("model.norm_layout=lns", "model.norm=layernorm"),
+    "lns as gains": ("model.norm_layout=lns", "model.lns_scale=gain"),
     "gelu, learned positions": ("model.mlp=gelu", "model.position=learned"),
     "tied": ("model.tie_embeddings=true",),
     "deepnorm": ("model.norm_layout=deepnorm", "model.init=deepnorm"),

@@ -86,7 +86,7 @@ def test_the_preset_is_the_reference_setup_and_the_sweep_uses_it_whole():
 
     preset = yaml.safe_load((PRESETS / "paper-setup.yaml").read_text())
     assert preset == {"model.embedding_init": "sqrt_width", "optim.decay": "reference",
-                      "optim.lr_convention": "reference", "optim.implementation": "fused"}
+                      "optim.lr_convention": "reference", "optim.implementation": "fused", "model.lns_scale": "gain"}
     sweep = yaml.safe_load((PACKAGED_SWEEPS / "cpu-horizon-reference.yaml").read_text())
     assert preset.items() <= sweep["set"].items()
     cfg = load_config("cpu-depth.yaml", ("@paper-setup",))
@@ -153,3 +153,57 @@ def test_updates_under_the_preset_are_the_references_training_loop(world_of_one)
             mine, ref = optimizer.state[a][moment], reference.state[b][moment]
             torch.testing.assert_close(mine, ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
         assert float(optimizer.state[a]["step"]) == float(reference.state[b]["step"]) == steps
+
+
+def test_lns_as_learnable_gains_initialised_at_one_over_sqrt_l(world_of_one):
+    """modeling_llama.py (norm_type lns, lns_prores): input_layernorm.weight.data.fill_(1/math.sqrt(layer_index+1))
+    and the same for post_attention_layernorm, layer_index from 0. The forward at step 0 is the fixed scale's,
+    bit for bit; one AdamW step from the same gradients moves the two apart (the gain's update is lr-sized,
+    the fixed scale's is lr/√l-sized)."""
+    from prores.launcher.builders import param_groups
+
+    _, fixed = pieces("model.norm_layout=lns")
+    _, gain = pieces("model.norm_layout=lns", "model.lns_scale=gain")
+    for block in (fixed[1], fixed[2]):
+        assert float(block.norm1.weight[0]) == float(block.norm2.weight[0]) == 1.0
+    for layer_index, block in enumerate((gain[1], gain[2])):
+        for norm in (block.norm1, block.norm2):
+            assert torch.equal(norm.weight, torch.full_like(norm.weight, 1 / math.sqrt(layer_index + 1)))
+            assert norm.out_scale == 1.0
+    x = torch.randn(8, 2, 16, generator=torch.Generator().manual_seed(6))
+    for a, b in zip(fixed[1:3], gain[1:3]):
+        a.set_step(10), b.set_step(10)  # alpha 1: the branches count
+        assert torch.equal(a(x), b(x)) and not torch.equal(a(x), x)
+    cfg = load_config(None, ("optim.lr=1e-2",))
+    for module in (fixed, gain):
+        optimizer = torch.optim.AdamW(param_groups(module, cfg.optim))
+        for p in module.parameters():
+            p.grad = torch.ones_like(p)
+        optimizer.step()
+    assert not torch.equal(fixed[2](x), gain[2](x))
+
+
+def test_deepnorm_xavier_is_the_references_draw(world_of_one):
+    """modeling_llama.py _init_weights for norm_type deeppost: xavier_normal_(weight, gain=(num_layers*8)**-0.25)
+    on v_proj, o_proj, gate_proj, up_proj and down_proj, xavier_normal_(gain=1) on q_proj and k_proj; xavier's
+    std is gain·√(2/(fan_in + fan_out)) of each HF matrix. prores draws the same normal (seed by name) as its
+    deepnorm scheme, so each piece is that draw times the ratio of the two stds."""
+    base = ("model.norm_layout=deepnorm", "model.num_layers=2", "model.ffn_hidden_size=40")
+    _, ours = pieces(*base, "model.init=deepnorm-xavier")
+    _, plain = pieces(*base, "model.init=deepnorm")
+    h, f, L, std = 16, 40, 2, 0.02
+    gain = (8 * L) ** -0.25
+    xavier = lambda fan_in, fan_out: math.sqrt(2 / (fan_in + fan_out))  # noqa: E731
+    for a, b in zip(ours[1:3], plain[1:3]):
+        qkv_a = a.self_attention.linear_qkv.weight.view(2, 3, h // 2, h)  # [head, (q, k, v), head_dim, h]
+        qkv_b = b.self_attention.linear_qkv.weight.view(2, 3, h // 2, h)
+        for part, ratio in ((0, xavier(h, h) / std), (1, xavier(h, h) / std), (2, xavier(h, h) / std)):
+            torch.testing.assert_close(qkv_a[:, part], qkv_b[:, part] * ratio, rtol=2**-22, atol=0)
+        for name, fans in (("linear_fc1", (h, f)), ("linear_fc2", (f, h))):
+            wa, wb = getattr(a.mlp, name).weight, getattr(b.mlp, name).weight
+            torch.testing.assert_close(wa, wb * xavier(*fans) / std, rtol=2**-22, atol=0)
+        torch.testing.assert_close(a.self_attention.linear_proj.weight,
+                                   b.self_attention.linear_proj.weight * xavier(h, h) / std, rtol=2**-22, atol=0)
+        # the absolute scale, by hand: V at gain·1/√h, Q at 1/√h
+        assert float(qkv_a[:, 2].std() / qkv_a[:, 0].std()) == pytest.approx(gain, rel=0.3)
+    assert torch.equal(ours[0].word_embeddings.weight, plain[0].word_embeddings.weight)

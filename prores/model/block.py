@@ -51,9 +51,12 @@ class Block(nn.Module):
         self.self_attention = build_module(attention_spec(model_cfg, self.layout.qkv_norm), config=config,
                                            layer_number=layer)
         self.mlp = build_module(MLP_SPEC, config=config, ffn_hidden_size=model_cfg.ffn_hidden_size)
+        scale = self.layout.norm_out_scale(layer)
+        # LNS's 1/√l: a constant on the norm's output, or (model.lns_scale=gain) the gain's initial value
+        out_scale, gain_init = (1.0, scale) if model_cfg.lns_scale == "gain" else (scale, 1.0)
         for name in self.layout.norms:
-            self.add_module(name, Norm(model_cfg.norm, model_cfg.hidden_size, model_cfg.norm_eps,
-                                       self.layout.norm_out_scale(layer), model_cfg.dyt_init))
+            self.add_module(name, Norm(model_cfg.norm, model_cfg.hidden_size, model_cfg.norm_eps, out_scale,
+                                       model_cfg.dyt_init, gain_init))
         for g in self.layout.gains:
             self.register_parameter(f"gain_{g.on}",
                                     nn.Parameter(torch.zeros(model_cfg.hidden_size if g.per_channel else 1)))

@@ -131,7 +131,7 @@ def block_activations(m, shape: Shape, tp: int = 1, backend: str = "eager") -> i
     split = (qkv + (rope + h + (5 if m.mlp == "swiglu" else 2) * f) * e) // tp + a // tp * FP32  # + the LSE
     # a norm whose gain is not the parameter itself keeps that copy: scaled by LNS, or (eager, compiled,
     # DyT everywhere) cast to fp32; the Q, K and V norms always run eager
-    scaled = layout.norm_out_scale(2) != 1.0
+    scaled = layout.norm_out_scale(2) != 1.0 and m.lns_scale == "fixed"
     copies = e != FP32 and (backend != "triton" or m.norm == "dyt")
     gain_copies = norms * _kept_affine(m, h) * (FP32 if copies else e) if copies or scaled else 0
     if layout.qkv_norm and e != FP32:
