@@ -35,6 +35,7 @@ from prores.config import load_config
 from prores.monitor.heatmaps import Painter, heatmap, rgb, series_matrix
 from prores.launcher.train import Trainer
 from prores.monitor.registry import MONITORS, callback_class, without_monitors
+from prores.study.intervals import Spread
 
 INTERVAL = 10
 
@@ -83,8 +84,9 @@ def main() -> None:
     on_label = "every monitor on" + (f" but {', '.join(args.without)}" if args.without else "")
     print(f"layers={cfg.model.num_layers} tokens/step={trainer.tokens_per_step} stats_interval={INTERVAL},"
           f" an evaluation and a heatmap refresh every {cfg.train.eval_interval} steps")
+    spread = Spread.of(times["on"][:len(times["off"])], times["off"])  # an on block and the off block after it
     print(f"median time of {INTERVAL} steps: {on_label} {on * 1e3:.0f} ms, all off {off * 1e3:.0f} ms,"
-          f" ratio on/off {on / off:.3f}")
+          f" ratio on/off {spread.text()} (the blocks' 10th to 90th percentile)")
     if heatmaps:
         refresh = []
         for _ in range(3):  # what one evaluation's heatmap redraw costs, with the run's own series

@@ -8,7 +8,8 @@ and parameter groups, the same learning-rate schedule, clipping and batches, in 
 forward/backward/step loop without DeepSpeed. A third arm runs prores's step without the monitors
 (prores/monitor/registry.py's MONITORS and the diagnostics' forward hooks): what the engine costs, apart from
 what watching costs. Each round runs a block of ``--steps`` steps of each arm, side by side, so that drift in the
-machine's load hits a round's arms alike; the ratios are the medians of the rounds' ratios. Its last line splits
+machine's load hits a round's arms alike; a ratio is that of the arms' medians, with the 10th to 90th percentile of
+the rounds' ratios (prores.study.intervals.Spread): the goal is met when the 10th percentile clears it. Its last line splits
 the step without monitors into DeepSpeed's pipeline instructions, and the bare loop's into its phases, in ms a step
 ("other": the rest of the step: the data, alpha, the callbacks that act, the engine's own bookkeeping).
 
@@ -38,6 +39,7 @@ from prores.model.gpt import gpt_pieces, lm_loss
 from prores.model.block import Block
 from prores.model.prores import ProRes, ProResScheduler
 from prores.monitor.registry import without_monitors
+from prores.study.intervals import Spread
 
 
 class Phases:
@@ -84,7 +86,7 @@ class BareLoop:
         self.prores = ProResScheduler(ProRes(cfg.prores.schedule, cfg.prores.T, m.num_layers),
                                       {b.layer_number: b for b in self.model if isinstance(b, Block)})
         self.optimizer = torch.optim.AdamW(param_groups(self.model, o), lr=o.lr, betas=tuple(o.betas),
-                                           eps=o.eps)
+                                           eps=o.eps, **{o.implementation: True})
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         self.cfg, self.data, self.step = cfg, copy.copy(trainer.data.train), 0  # the same batches, in turn
         self.phases = Phases()
@@ -156,12 +158,12 @@ def main() -> None:
             rates[name].append(args.steps * trainer.tokens_per_step / (time.perf_counter() - start))
 
     def against_bare(name: str) -> str:  # a round's arms ran side by side: its ratio is what load drift spares
-        ratios = sorted(a / b for a, b in zip(rates[name], rates["bare"]))
-        return f"{statistics.median(ratios):.3f} ({ratios[0]:.3f} to {ratios[-1]:.3f})"
+        return Spread.of(rates[name], rates["bare"]).text()
 
     ours, engine, theirs = (statistics.median(rates[n]) for n in loops)
     print(f"{cfg.model.num_layers} blocks, {trainer.tokens_per_step} tokens a step, kernels {trainer.backend},"
-          f" {args.blocks} rounds of {args.steps} steps an arm; medians over the rounds (a ratio's range)")
+          f" {args.blocks} rounds of {args.steps} steps an arm; medians over the rounds (a ratio's 10th to 90th"
+          " percentile over the rounds)")
     print(f"tokens/s: prores {ours:.0f}, without its monitors {engine:.0f}, bare PyTorch loop {theirs:.0f};"
           f" prores / bare = {against_bare('prores')}, without monitors / bare = {against_bare('unwatched')}")
     print(f"ms a step without monitors, DeepSpeed's instructions: {instructions.per_step()}; bare loop: {bare.phases.per_step()}")

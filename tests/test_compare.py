@@ -124,3 +124,15 @@ def test_a_study_without_a_method_column_is_one_error(tmp_path):
     path.write_text("model.num_layers,name,seed,status,steps,final_valid_loss\n12,a,1,completed,10,2.0\n")
     with pytest.raises(UsageError, match="needs the columns model.num_layers and method"):
         compare(path, path)
+
+
+def test_a_benchmark_spread_by_hand():
+    """Rounds' ratios 1..5 (inclusive deciles: 1 + 0.1·4 and 1 + 0.9·4); the ratio is that of the medians."""
+    from prores.study.intervals import Spread
+
+    s = Spread.of([10, 20, 30, 40, 50], [10, 10, 10, 10, 10])
+    assert (s.ratio, s.low, s.high) == (3.0, pytest.approx(1.4), pytest.approx(4.6))
+    assert s.text() == "3.000 (1.400 to 4.600)"
+    assert Spread.of([3.0], [2.0]) == Spread(1.5, 1.5, 1.5)  # one round: no spread to tell
+    with pytest.raises(ValueError):
+        Spread.of([1.0, 2.0], [1.0])

@@ -96,3 +96,25 @@ def unpaired(a: list[float], b: list[float]) -> Interval:
     pooled = sum((len(x) - 1) * statistics.variance(x) for x in (a, b) if len(x) > 1) / df
     half = t975(df) * math.sqrt(pooled * (1 / len(a) + 1 / len(b)))
     return Interval(mean, mean - half, mean + half, 0, sizes)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Two arms' rates measured side by side in rounds (benchmarks/): the ratio of their medians and the 10th
+    and 90th percentiles of the per-round ratios, between which 8 rounds in 10 fall. A goal on the ratio is met
+    when the percentile on its far side clears it (at least: ``low``; at most: ``high``), not the median."""
+
+    ratio: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, numerator: list[float], denominator: list[float]) -> "Spread":
+        if len(numerator) != len(denominator) or not numerator:
+            raise ValueError("a spread needs as many rounds of both arms, at least one")
+        ratios = [a / b for a, b in zip(numerator, denominator)]
+        deciles = statistics.quantiles(ratios, n=10, method="inclusive") if len(ratios) > 1 else ratios * 9
+        return cls(statistics.median(numerator) / statistics.median(denominator), deciles[0], deciles[-1])
+
+    def text(self) -> str:
+        return f"{self.ratio:.3f} ({self.low:.3f} to {self.high:.3f})"
