@@ -1,0 +1,89 @@
+"""Where a training step's time goes: matmuls, attention and the rest (element-wise work, norms, the optimizer,
+Python), in ms a step and as shares, for each kernels.backend, at the study's shape (goal: matmuls plus
+attention at least 75% of the step).
+
+Each (depth, backend) runs in its own process: ``prores train``'s step (:meth:`Trainer.step_once`, its
+callbacks included) warmed up for ``--warmup`` steps (compilation), then ``--steps`` steps under
+``torch.profiler``. Matmuls are the self time of the matrix-product ops (``aten::mm``, ``addmm``, ``bmm`` and
+oneDNN's linear), attention that of SDPA's kernels forward and backward; the rest is the step's wall time less
+both, so what no op records (Python, Inductor's generated kernels) counts there too.
+
+    python benchmarks/profile_step.py [--depths 48 120] [--backends eager block] [--steps 5] [--set KEY=VALUE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_mm", "mkldnn::_linear_pointwise")
+ATTENTION = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention")
+
+
+def split(events, wall_us: float) -> dict[str, float]:
+    """Microseconds of matmuls, attention and the rest in the profiled steps."""
+    matmul = sum(e.self_cpu_time_total for e in events if e.key in MATMUL)
+    attention = sum(e.self_cpu_time_total for e in events if any(a in e.key for a in ATTENTION))
+    return {"matmul": matmul, "attention": attention, "rest": wall_us - matmul - attention}
+
+
+def one(depth: int, backend: str, steps: int, warmup: int, config: str, sets: list[str]) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from prores.config import load_config
+    from prores.launcher.train import Trainer
+
+    cfg = load_config(config, ("logging.progress_bar=false", "train.steps=100000", "train.eval_interval=100000",
+                               f"model.num_layers={depth}", f"kernels.backend={backend}", *sets))
+    trainer = Trainer(cfg, Path(tempfile.mkdtemp(prefix="prores-profile-")))
+    trainer.call("on_start")
+    for _ in range(warmup):
+        trainer.step_once()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            trainer.step_once()
+        wall = time.perf_counter() - start
+    parts = split(prof.key_averages(), wall * 1e6)
+    return {"depth": depth, "backend": trainer.backend, "step_ms": wall / steps * 1e3,
+            **{k: v / steps / 1e3 for k, v in parts.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--depths", type=int, nargs="+", default=[48, 120])
+    parser.add_argument("--backends", nargs="+", default=["eager", "block"])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--config", default="cpu-depth.yaml")
+    parser.add_argument("--set", action="append", default=[])
+    parser.add_argument("--one", nargs=2, metavar=("DEPTH", "BACKEND"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one(int(args.one[0]), args.one[1], args.steps, args.warmup, args.config, args.set)))
+        return
+    print(f"{args.config} {' '.join(args.set)}: {args.steps} profiled steps after {args.warmup}; ms a step (share)")
+    for depth in args.depths:
+        for backend in args.backends:
+            cmd = [sys.executable, __file__, "--one", str(depth), backend, "--steps", str(args.steps),
+                   "--warmup", str(args.warmup), "--config", args.config, *[a for s in args.set for a in ("--set", s)]]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode:
+                print(f"{depth} blocks, kernels {backend}: failed\n{proc.stderr[-2000:]}")
+                continue
+            r = json.loads(proc.stdout.strip().splitlines()[-1])
+            share = lambda k: f"{r[k]:.1f} ({r[k] / r['step_ms']:.0%})"  # noqa: E731
+            print(f"{depth} blocks, kernels {r['backend']}: step {r['step_ms']:.1f}; matmul {share('matmul')},"
+                  f" attention {share('attention')}, rest {share('rest')}; matmul + attention"
+                  f" {(r['matmul'] + r['attention']) / r['step_ms']:.0%}")
+
+
+if __name__ == "__main__":
+    main()
