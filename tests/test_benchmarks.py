@@ -30,6 +30,8 @@ SMOKE = {
                     rf"prores / bare = {NUMBER}.*\n.*ReduceGrads {NUMBER}.*; bare loop: forward {NUMBER}"),
     "parallel_layouts.py": (["--steps", "2", "--layouts", "1,1,1", "1,1,2", "--micro-batches", "1", *SETS],
                             rf"\(1,1,2\)\s+{NUMBER}\s+{NUMBER}x"),
+    "peer.py": (["--blocks", "2", "--steps", "1", "--config", "tiny.yaml", *SETS, "--set", "prores.schedule=linear"],
+                rf"prores / HF = {NUMBER} \({NUMBER} to {NUMBER}\)"),
     "profile_step.py": (["--depths", "2", "--backends", "eager", "block", "--steps", "1", "--warmup", "1",
                          "--config", "tiny.yaml", *SETS[:-2]],
                         rf"2 blocks, kernels block: step {NUMBER}; matmul {NUMBER} \({NUMBER}%\)"),
