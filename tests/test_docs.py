@@ -20,6 +20,7 @@ from prores.model.layouts import LAYOUTS
 from prores.model.prores import SCHEDULES
 from prores.study.claims import claims_from_json, claims_json
 from prores.study.compare import compare
+from conftest import t_interval
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -199,13 +200,6 @@ def losses(study: str) -> dict[tuple, dict[str, float]]:
             key = (int(r["model.num_layers"]), r["method"]) + ((r["ProRes"],) if "ProRes" in r else ())
             out.setdefault(key, {})[r["seed"]] = float(r["final_valid_loss"])
     return out
-
-
-def t_interval(d: list[float]) -> tuple[float, float, float]:
-    """Mean and 95% t-interval ends of per-seed differences (t from scipy)."""
-    from scipy import stats
-    half = stats.t.ppf(0.975, len(d) - 1) * statistics.stdev(d) / math.sqrt(len(d))
-    return statistics.fmean(d), statistics.fmean(d) - half, statistics.fmean(d) + half
 
 
 def depth_quantities() -> list[tuple[str, float]]:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import t_interval
+
 ROOT = Path(__file__).resolve().parent.parent
 TEST_COMMAND = "bash scripts/test.sh"
 
@@ -133,12 +135,10 @@ def test_the_study_backend_paragraph_is_the_kept_study_time():
 def paired(rows, depth, reference, treatment):
     """treatment − reference per seed over the completed seeds both have: (mean, its 95% t-interval's low and
     high ends; t's quantile from scipy)."""
-    from scipy import stats
     loss = {(r["method"], r["seed"]): float(r["final_valid_loss"]) for r in rows
             if r["model.num_layers"] == str(depth) and r["status"] == "completed"}
     d = [loss[treatment, s] - loss[reference, s] for (m, s) in loss if m == reference and (treatment, s) in loss]
-    half = stats.t.ppf(0.975, len(d) - 1) * statistics.stdev(d) / len(d) ** 0.5
-    return statistics.fmean(d), statistics.fmean(d) - half, statistics.fmean(d) + half
+    return t_interval(d)
 
 
 def test_the_readme_findings_are_the_studies_numbers():
