@@ -33,7 +33,7 @@ import torch
 
 from prores.config import load_config
 from prores.data.tokenizers import load_tokenizer
-from prores.launcher.builders import lr_lambda, param_groups
+from prores.launcher.builders import adamw_kernel, lr_lambda, param_groups
 from prores.launcher.train import Trainer
 from prores.model.gpt import gpt_pieces, lm_loss
 from prores.model.block import Block
@@ -86,7 +86,7 @@ class BareLoop:
         self.prores = ProResScheduler(ProRes(cfg.prores.schedule, cfg.prores.T, m.num_layers),
                                       {b.layer_number: b for b in self.model if isinstance(b, Block)})
         self.optimizer = torch.optim.AdamW(param_groups(self.model, o), lr=o.lr, betas=tuple(o.betas),
-                                           eps=o.eps, **{o.implementation: True})
+                                           eps=o.eps, **adamw_kernel(o))
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         self.cfg, self.data, self.step = cfg, copy.copy(trainer.data.train), 0  # the same batches, in turn
         self.phases = Phases()

@@ -127,9 +127,10 @@ class OptimConfig:
                               choices=("prores", "reference"))
     eps: float = _key(1e-8, "AdamW epsilon", minimum=0.0)
     clip_grad: float = _key(1.0, "clip the global gradient norm to this; 0 disables clipping", minimum=0.0)
-    implementation: str = _key("foreach", "torch's AdamW kernel: foreach, one multi-tensor op per update term;"
-                               " fused, one kernel over all tensors (faster on CPU and GPU, equal to foreach"
-                               " within float rounding, not bitwise)", choices=("foreach", "fused"))
+    implementation: str = _key("auto", "torch's AdamW kernel: auto, torch's own pick (a loop over tensors on CPU,"
+                               " foreach on CUDA); foreach, one multi-tensor op per update term; fused, one kernel"
+                               " over all tensors (faster; equal to the others within float rounding, not bitwise)",
+                               choices=("auto", "foreach", "fused"))
 
 
 @dataclass

@@ -155,11 +155,16 @@ def param_groups(module: torch.nn.Module, optim) -> list[dict]:
             for (decay, lr_scale, eps_scale), params in sorted(groups.items(), key=lambda kv: (not kv[0][0], kv[0][1:]))]
 
 
+def adamw_kernel(optim) -> dict:
+    """torch.optim.AdamW's kernel arguments for ``optim.implementation`` (auto: none, torch's own pick)."""
+    return {} if optim.implementation == "auto" else {optim.implementation: True}
+
+
 def build_optimizer(cfg, module: torch.nn.Module, topo) -> torch.optim.Optimizer:
     """AdamW with the paper's defaults; clipping is DeepSpeed's except where prores must do it."""
     o = cfg.optim
     groups = param_groups(module, o)
-    adamw = dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps, **{o.implementation: True})
+    adamw = dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps, **adamw_kernel(o))
     if clips_itself(cfg):
         return GlobalNormAdamW(groups, max_norm=o.clip_grad, tp_rank=topo.tp_rank,
                                model_parallel_group=parallel_state.get_model_parallel_group(), **adamw)
