@@ -7,7 +7,9 @@ import math
 import os
 import signal
 import subprocess
+import sys
 import termios
+import textwrap
 import time
 from pathlib import Path
 
@@ -571,6 +573,23 @@ def test_signal_cells_reaches_each_cells_whole_process_group():
     assert cell.wait(timeout=10) == -signal.SIGKILL
     worker.wait(timeout=10)  # gone (psutil.TimeoutExpired otherwise)
     signal_cells([cell], signal.SIGKILL)  # a cell that ended already is left alone
+
+
+@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="no autogroup scheduling on this kernel")
+def test_a_niced_runners_cells_stay_niced_in_their_own_sessions():
+    """Under autogroup scheduling a cell's session is a scheduling group of its own, of nice 0 unless the
+    runner passes its niceness on: `nice prores sweep` would otherwise take a full share from other sessions."""
+    probe = textwrap.dedent("""
+        import os, subprocess
+        from prores.study.runners import keep_niceness
+        os.nice(7)
+        cell = subprocess.Popen(["sleep", "30"], start_new_session=True)
+        keep_niceness(cell.pid)
+        print(open(f"/proc/{cell.pid}/autogroup").read().split()[-1])
+        cell.kill()
+    """)
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                          check=True).stdout.strip() == "7"
 
 
 def test_the_horizon_study_is_the_depth_studys_leaders_at_four_times_the_steps():

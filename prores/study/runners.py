@@ -136,6 +136,17 @@ class StopSignals:
             signal.signal(sig, handler)
 
 
+def keep_niceness(pid: int) -> None:
+    """Give a cell started in a session of its own (``start_new_session``) the runner's niceness against
+    other sessions too. Under Linux's autogroup scheduling a new session is a new scheduling group of
+    nice 0, and a process's own nice weighs only inside its group: without this, ``nice prores sweep``
+    would take its full share of the CPU from every other session. Best effort (no autogroup, no /proc)."""
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(str(os.getpriority(os.PRIO_PROCESS, 0)))
+    except OSError:
+        pass
+
+
 def needs_eval(cell: Cell) -> bool:
     """A completed cell whose spec asks for an evaluation it has not had, of its final checkpoint."""
     summary = read_summary(Path(cell.run_dir)) or {}
@@ -163,6 +174,7 @@ def run_local(sweep_dir: Path, cells: list[Cell], jobs: int = 1) -> int:
         with open(logs / f"{cell.name}.log", "a") as log:
             proc = subprocess.Popen([sys.executable, "-m", "prores", command, *args], stdout=log,
                                     stderr=subprocess.STDOUT, env=_cell_env(jobs, sweep_dir), start_new_session=True)
+        keep_niceness(proc.pid)
         if command == "train":
             record(sweep_dir, cell, pid=proc.pid)
         running[cell.name] = (cell, proc, command)
