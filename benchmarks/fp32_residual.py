@@ -12,6 +12,7 @@ residual stream during its warmup, and the loss of a short run against the same 
    final validation losses and the bf16 runs' differences from fp32.
 
     python benchmarks/fp32_residual.py [--layers 120] [--T 500] [--steps 150] [--seeds 1234 1] [--skip-survival]
+        [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -74,11 +75,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1234])
     parser.add_argument("--skip-survival", action="store_true")
+    parser.add_argument("--set", action="append", default=[], dest="sets", metavar="KEY=VALUE",
+                        help="on top of the three runs' config (the smoke test's tiny model)")
     args = parser.parse_args()
     if not args.skip_survival:
         print_survival(args)
     for seed in args.seeds:
-        run = RUN + (f"train.steps={args.steps}", f"train.seed={seed}")
+        run = RUN + tuple(args.sets) + (f"train.steps={args.steps}", f"train.seed={seed}")
         losses = {name: final_loss(run + extra) for name, extra in (
             ("fp32", ("train.precision=fp32",)),
             ("bf16", ("train.precision=bf16", "model.fp32_residual=false")),

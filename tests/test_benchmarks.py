@@ -23,7 +23,7 @@ NUMBER = r"[\d.]+"
 # script -> (arguments, what its output must show)
 SMOKE = {
     "data_loader.py": (["--steps", "2", *SETS], rf"step {NUMBER} ms, data {NUMBER} ms, data share"),
-    "fp32_residual.py": (["--layers", "4", "--T", "2", "--steps", "4"], r"survival|fp32"),
+    "fp32_residual.py": (["--layers", "4", "--T", "2", "--steps", "4", *SETS], r"survival|fp32"),
     "fused_norm.py": (["--quick", "--reps", "1", "--gain"], r"GB/s|gain"),
     "monitor_overhead.py": (["--blocks", "2", "--layers", "2", "3", *SETS], rf"ratio on/off {NUMBER}"),
     "overhead.py": (["--blocks", "2", "--steps", "2", *SETS],

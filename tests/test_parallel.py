@@ -56,49 +56,46 @@ COMMON = ("model.num_layers=6", "model.hidden_size=64", "model.ffn_hidden_size=1
           # a hundred processes here) would be most of this file's time. The compiled kernels cross the machine in
           # the "-compile" pair below, and tests/test_fused.py holds them to the reference formulas.
           "kernels.backend=eager")
-UNEVEN = ("model.num_layers=5", "parallel.pp=2", "parallel.stage_layers=[2, 3]")
+UNEVEN = ("parallel.pp=2", "parallel.stage_layers=[2, 4]")
 SATURATED_FROM = 6  # T·L: from this step every block runs the saturated path (alpha None, no multiply)
 
 # name: (launcher, overrides on top of COMMON)
 LAYOUTS = {
     "1x1x1": (None, ()),
     "tp2": (torchrun(2), ("parallel.tp=2",)),
-    "pp2": (torchrun(2), ("parallel.pp=2",)),
     "dp2": (deepspeed_launcher(2), ("train.micro_batch_size=2",)),  # same global batch of 4
     "tp2pp2": (deepspeed_launcher(4), ("parallel.tp=2", "parallel.pp=2")),
     # ZeRO-0 clips with prores's global norm (DeepSpeed's misses replicated params on later stages)
     "tp2pp2-zero0": (torchrun(4), ("parallel.tp=2", "parallel.pp=2", "parallel.zero_stage=0")),
-    # four micro-batches a step: the two stages overlap in DeepSpeed's 1F1B schedule
+    # four micro-batches a step: the two stages overlap in DeepSpeed's 1F1B schedule (pp2 of the plain kind is
+    # pp2-uneven, pp2-tied and these)
     "pp2-accum4": (torchrun(2), ("parallel.pp=2", "train.micro_batch_size=1", "train.grad_accum=4")),
-    # blocks recomputed in the backward pass: the same numbers as without (bitwise, see RECOMPUTED)
-    "1x1x1-recompute": (None, ("model.recompute=block",)),
     # torch.compile's kernels (what kernels.backend=auto takes on a CPU with a C++ compiler) on TP × PP
     "1x1x1-compile": (None, ("kernels.backend=compile",)),
     "tp2pp2-compile": (torchrun(4), ("parallel.tp=2", "parallel.pp=2", "kernels.backend=compile")),
+    # blocks recomputed in the backward pass: the same numbers as without (bitwise, see RECOMPUTED)
     "tp2pp2-recompute": (torchrun(4), ("parallel.tp=2", "parallel.pp=2", "model.recompute=block")),
-    "1x1x1-5blocks": (None, ("model.num_layers=5",)),
     "pp2-uneven": (torchrun(2), UNEVEN),
     # the head reads the embedding's weight on the last stage: DeepSpeed all-reduces the tied gradient
     "1x1x1-tied": (None, ("model.tie_embeddings=true",)),
     "pp2-tied": (torchrun(2), ("model.tie_embeddings=true", "parallel.pp=2")),
-    "tp2-srun": (srun(2), ("parallel.tp=2",)),
-    # two slurmd nodes (n1, n2): the rendezvous crosses "nodes" through MASTER_ADDR=n1
+    # srun on two slurmd nodes (n1, n2): the rendezvous crosses "nodes" through MASTER_ADDR=n1
     "dp2-2nodes": (srun(2, nodes=2), ("train.micro_batch_size=2",)),
     # two containers' entrypoints (deepspeed --no_ssh --node_rank 0/1), without the containers
     "dp2-docker-nodes": (["bash", str(Path(__file__).parent / "two_nodes.sh"), PORT],
                          ("train.micro_batch_size=2",)),
 }
-# The baseline zoo on the machine, each against one process of its own: a per-channel gain (LayerScale),
-# a layout that changes with the global block index inside stage 1 (Mix-LN, Post-LN in blocks 1-4), DyT,
-# HybridNorm's norms across the tp ranks, and depth-µP's parameter groups (the blocks' learning rate and eps
-# rescaled) under ZeRO-1 over dp=2.
+# The baseline zoo on the machine, each against one process of its own: a per-channel gain (LayerScale, here
+# on DyT's element-wise tanh in place of the norms), a layout that changes with the global block index inside
+# stage 1 (Mix-LN, Post-LN in blocks 1-4), HybridNorm's norms across the tp ranks, and depth-µP's parameter
+# groups (the blocks' learning rate and eps rescaled) under ZeRO-1 over dp=2.
 ZOO = {
-    "layerscale": (("model.norm_layout=layerscale", "model.layerscale_init=0.1"), [("tp2pp2", torchrun(4))]),
-    "mixln": (("model.norm_layout=mixln", "model.mixln_ratio=0.67"), [("tp2pp2", torchrun(4))]),
     # DyT does not normalise: at width 64 with std 0.02 its MLP gains get gradients ~6e-8, and lr·g is below
     # half an fp32 ulp of 1, so they would never move and nothing would be compared. With the fan-in std
     # 1/√64 every gain moves by ≥ 5e-4 (~10⁴ ulps) in the 10 steps.
-    "dyt": (("model.norm=dyt", "model.init_std=0.125"), [("tp2pp2", torchrun(4))]),
+    "layerscale": (("model.norm_layout=layerscale", "model.layerscale_init=0.1", "model.norm=dyt",
+                    "model.init_std=0.125"), [("tp2pp2", torchrun(4))]),
+    "mixln": (("model.norm_layout=mixln", "model.mixln_ratio=0.67"), [("tp2pp2", torchrun(4))]),
     "depthmup": (("model.depth_mup_alpha=1.0", "model.depth_mup_base=2"), [("dp2", torchrun(2))]),
     # HybridNorm's Q, K, V norms span the projection, whose heads tp splits: mean and variance summed over tp
     "hybridnorm": (("model.norm_layout=hybridnorm", "model.norm=layernorm"), [("tp2pp2", torchrun(4))]),
@@ -107,8 +104,8 @@ for method, (overrides, layouts) in ZOO.items():
     LAYOUTS[f"1x1x1-{method}"] = (None, overrides)
     for name, launcher in layouts:
         LAYOUTS[f"{name}-{method}"] = (launcher, overrides + LAYOUTS[name][1])
-RECOMPUTED = {"1x1x1-recompute": "1x1x1", "tp2pp2-recompute": "tp2pp2"}
-BASELINE = {name: {"pp2-uneven": "1x1x1-5blocks", "pp2-tied": "1x1x1-tied", "tp2pp2-compile": "1x1x1-compile"}
+RECOMPUTED = {"tp2pp2-recompute": "tp2pp2"}
+BASELINE = {name: {"pp2-tied": "1x1x1-tied", "tp2pp2-compile": "1x1x1-compile"}
             .get(name, "1x1x1") for name in LAYOUTS}
 BASELINE |= {f"{name}-{method}": f"1x1x1-{method}" for method, (_, layouts) in ZOO.items() for name, _ in layouts}
 
@@ -238,12 +235,12 @@ def diverged(tmp_path_factory):
             for name, d in done.items()}
 
 
-# recompute changes no number (RECOMPUTED) and acts inside the backward pass, before any stop is decided; the
-# zoo's methods, the kernel backend and the model's depth change no launcher or stop path. A tied embedding
-# over stages does (pp2-tied): its gradient crosses the stages before the stop is decided.
-SAME_STOP_PATH = ("1x1x1-5blocks", "pp2-uneven", "1x1x1-tied")
-DIVERGING = [name for name in LAYOUTS if name not in RECOMPUTED and name not in SAME_STOP_PATH
-             and not any(name.endswith(m) for m in [*ZOO, "compile"])]
+# Each launcher (one process, torchrun, the deepspeed launcher on one and two nodes, srun over two nodes) and
+# each way a step's stop is reached: tp × pp under ZeRO-1 and ZeRO-0 (prores's clipping), four micro-batches in
+# 1F1B, a tied embedding whose gradient crosses the stages before the stop is decided, dp. Recompute acts inside
+# the backward pass and changes no number (RECOMPUTED); the zoo's methods, the kernel backend, the stages'
+# sizes change no launcher or stop path.
+DIVERGING = ["1x1x1", "tp2pp2", "tp2pp2-zero0", "pp2-accum4", "pp2-tied", "dp2-2nodes", "dp2-docker-nodes"]
 
 
 @pytest.mark.parametrize("name", DIVERGING)
@@ -316,19 +313,19 @@ def test_raw_text_is_preprocessed_once_by_rank_0(runs):
 
 
 def test_alpha_written_once_per_layer_by_the_owning_stage(runs):
-    """pp=2 with 2+3 blocks: stage 0 writes layers 1-2, stage 1 layers 3-5 (and the loss); no overlap."""
+    """pp=2 with 2+4 blocks: stage 0 writes layers 1-2, stage 1 layers 3-6 (and the loss); no overlap."""
     run = runs["pp2-uneven"]
     files = list(run["files"].values())
     assert len(files) == 2
     owned = [sorted(int(t[-3:]) for t in f if t.startswith("prores/alpha/")) for f in files]
-    assert sorted(owned) == [[1, 2], [3, 4, 5]]
+    assert sorted(owned) == [[1, 2], [3, 4, 5, 6]]
     stats = [sorted(int(t[-3:]) for t in f if t.startswith("layers/act_rms/")) for f in files]
-    assert sorted(stats) == [[1, 2], [3, 4, 5]]
+    assert sorted(stats) == [[1, 2], [3, 4, 5, 6]]
     loss_writers = [f for f in files if "train/loss" in f]
-    assert len(loss_writers) == 1 and "prores/alpha/layer_005" in loss_writers[0]
+    assert len(loss_writers) == 1 and "prores/alpha/layer_006" in loss_writers[0]
     cfg = load_config(None, run["overrides"])
     prores = ProRes(cfg.prores.schedule, cfg.prores.T, cfg.model.num_layers)
-    for l in range(1, 6):
+    for l in range(1, 7):
         logged = run["scalars"][f"prores/alpha/layer_{l:03d}"]
         assert sorted(logged) == list(range(STEPS))
         assert all(v == pytest.approx(prores.alpha(l, s), abs=1e-7) for s, v in logged.items())
