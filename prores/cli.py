@@ -268,10 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="where to write (default: the sweep directory, or ./report)")
     p.set_defaults(func=_cmd_report)
 
-    p = sub.add_parser("compare", help="two studies at two training lengths: losses, rankings with Kendall's tau,"
-                                       " the paired ProRes - Pre-LN difference")
-    p.add_argument("short", metavar="SHORT", help="a study's results.csv (`prores report`), or its sweep directory")
-    p.add_argument("long", metavar="LONG", help="the same methods trained longer")
+    p = sub.add_parser("compare", help="two studies of the same cells (two training lengths, or two setups):"
+                                       " losses, rankings with Kendall's tau, the paired ProRes - Pre-LN difference")
+    p.add_argument("short", metavar="FIRST", help="a study's results.csv (`prores report`), or its sweep directory")
+    p.add_argument("long", metavar="SECOND", help="the same methods trained longer, or under another setup")
     p.add_argument("--reference", default="Pre-LN", help="the method the treatment is paired with (default Pre-LN)")
     p.add_argument("--treatment", default="Pre-LN + ProRes", help="default: Pre-LN + ProRes")
     p.set_defaults(func=_cmd_compare)

@@ -1,4 +1,4 @@
-"""`prores compare SHORT LONG` (prores/study/compare.py) on two small results.csv files whose every number is worked
+"""`prores compare FIRST SECOND` (prores/study/compare.py) on two small results.csv files whose every number is worked
 out here by hand."""
 
 import csv
@@ -91,6 +91,20 @@ def test_a_study_whose_treatment_is_behind_at_both_lengths_reads_as_a_gap(tmp_pa
                    results(tmp_path / "b.csv", 1000, rows((0.1, 0.1, 0.1))))
     row = next(line for line in text.splitlines() if line.startswith("| 12 | 1, 2, 3 |"))
     assert "grows" not in row and "| the gap closes | -0.2000 [-0.4484, +0.0484] (3 seeds), includes 0 |" in row
+
+
+def test_two_setups_at_one_length_are_named_by_their_studies(tmp_path):
+    """Both at 1000 steps: the columns take the files' names. ProRes - Pre-LN by seed: default (-0.1, -0.2, 0.0)
+    -> -0.1, sd 0.1, half-width 4.302653 x 0.1 / sqrt 3 = 0.248414: [-0.3484, +0.1484]; reference (-0.3, -0.2,
+    -0.1) -> -0.2 [-0.4484, +0.0484]: the lead grows; the change (-0.2, 0.0, -0.1) -> -0.1 [-0.3484, +0.1484]."""
+    rows = lambda pre, pro: [(12, "Pre-LN", s, x) for s, x in zip((1, 2, 3), pre)] + [  # noqa: E731
+        (12, "Pre-LN + ProRes", s, x) for s, x in zip((1, 2, 3), pro)]
+    text = compare(results(tmp_path / "default.csv", 1000, rows((1.5, 1.7, 1.6), (1.4, 1.5, 1.6))),
+                   results(tmp_path / "reference.csv", 1000, rows((1.6, 1.6, 1.6), (1.3, 1.4, 1.5)))).splitlines()
+    assert "| model.num_layers | method | default | rank | reference | rank |" in text
+    assert "| model.num_layers | seeds | default | reference | reference against default | change |" in text
+    assert ("| 12 | 1, 2, 3 | -0.1000 [-0.3484, +0.1484] (3 seeds) | -0.2000 [-0.4484, +0.0484] (3 seeds) | the lead"
+            " grows | -0.1000 [-0.3484, +0.1484] (3 seeds), includes 0 |") in text
 
 
 def test_the_t_quantiles_are_students():

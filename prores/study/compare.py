@@ -1,17 +1,23 @@
-"""Two studies of the same methods at two training lengths, side by side: ``prores compare SHORT LONG``.
+"""Two studies of the same methods side by side, at two training lengths or under two setups at one length:
+``prores compare FIRST SECOND``.
 
 Each study is what ``prores report`` wrote (``results.csv``, or the sweep directory that holds it): a row per run
 with its grid values (``model.num_layers`` and ``method``), seed, status and final validation loss. Per depth,
 over the methods both studies ran there:
 
-* each method's final validation loss at both lengths (mean over seeds; a run that failed or diverged counts as
+* each method's final validation loss in both studies (mean over seeds; a run that failed or diverged counts as
   worse than any loss, as in :mod:`prores.study.claims`);
-* the ranking at both (1 = lowest loss), and Kendall's τ-b between the two rankings (concordant minus
+* the ranking in both (1 = lowest loss), and Kendall's τ-b between the two rankings (concordant minus
   discordant pairs, over the pairs neither ranking ties: 1 = the same order, ties included; -1 = reversed);
 * the paired difference treatment − reference (``Pre-LN + ProRes`` − ``Pre-LN``: negative when ProRes ends
-  lower) at both lengths, over the seeds that both methods completed at both lengths (so that the two lengths
-  compare the same draws), each with its 95% t-interval (:mod:`prores.study.intervals`); what happens to the
-  lead with training (:func:`trend`), and the interval of that change, per seed, long minus short.
+  lower) in both, over the seeds that both methods completed in both studies (so that the two compare the same
+  draws), each with its 95% t-interval (:mod:`prores.study.intervals`); what happens to the lead from the first
+  study to the second (:func:`trend`: with training, or under the second setup), and the interval of that change,
+  per seed, second minus first.
+
+A study is named by its steps where the two lengths differ, else by its name (the sweep directory, or the
+results file's stem): ``prores compare docs/cpu_horizon_results.csv runs/cpu-horizon-reference`` puts the
+default setup and the reference setup side by side.
 """
 
 from __future__ import annotations
@@ -97,14 +103,25 @@ def _loss(v: float) -> str:
     return f"{v:.4f}" if math.isfinite(v) else "failed"
 
 
+def study_name(target: Path) -> str:
+    return target.name if target.is_dir() else (target.parent.name if target.name == "results.csv" else target.stem)
+
+
 def compare(short: Path, long: Path, reference: str = "Pre-LN", treatment: str = "Pre-LN + ProRes") -> str:
     """The comparison as Markdown."""
     (a, a_steps, a_open), (b, b_steps, b_open) = read_results(short), read_results(long)
+    if a_steps != b_steps:
+        la, lb, moving, both = f"{a_steps} steps", f"{b_steps} steps", "with training", "at both lengths"
+    else:
+        la, lb = study_name(short), study_name(long)
+        if la == lb:
+            la, lb = str(short), str(long)
+        moving, both = f"{lb} against {la}", "in both studies"
     lines = [f"# {short} ({a_steps} steps) against {long} ({b_steps} steps)", ""]
     lines += [f"**In progress**: {n} run{'s' if n > 1 else ''} of {t} not finished yet (pending, running or stopped)"
               " left out." for n, t in ((a_open, short), (b_open, long)) if n] + ([""] if a_open or b_open else [])
-    lines += ["Final validation loss, mean over seeds; rank 1 is the lowest at that length.", "",
-             f"| {DEPTH} | method | {a_steps} steps | rank | {b_steps} steps | rank |", "|---|---|---|---|---|---|"]
+    lines += ["Final validation loss, mean over seeds; rank 1 is the lowest in that study.", "",
+             f"| {DEPTH} | method | {la} | rank | {lb} | rank |", "|---|---|---|---|---|---|"]
     taus = []
     for depth in sorted({d for d, _ in a} & {d for d, _ in b}):
         methods = sorted({m for d, m in a if d == depth} & {m for d, m in b if d == depth})
@@ -116,9 +133,9 @@ def compare(short: Path, long: Path, reference: str = "Pre-LN", treatment: str =
     lines += ["", "Kendall's τ between the two rankings:", "", f"| {DEPTH} | methods | τ |", "|---|---|---|"]
     lines += [f"| {d} | {n} | {t:+.3f} |" for d, n, t in taus]
     lines += ["", f"{treatment} − {reference} (negative: {treatment} ends lower), paired over the seeds that both"
-              " completed at both lengths: mean and 95% t-interval on n − 1 degrees of freedom; the change is long"
-              " minus short, per seed.", "",
-              f"| {DEPTH} | seeds | {a_steps} steps | {b_steps} steps | with training | change |",
+              f" completed {both}: mean and 95% t-interval on n − 1 degrees of freedom; the change is {lb} minus"
+              f" {la}, per seed.", "",
+              f"| {DEPTH} | seeds | {la} | {lb} | {moving} | change |",
               "|---|---|---|---|---|---|"]
     for depth in sorted({d for d, _ in a} & {d for d, _ in b}):
         arms = [s.get((depth, m)) for s in (a, b) for m in (treatment, reference)]
