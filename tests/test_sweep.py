@@ -81,7 +81,10 @@ def test_named_axes_per_rule_seeds_and_skipped_cells(tmp_path):
 def test_the_packaged_cpu_studies_validate_every_cell(tmp_path):
     """`prores sweep SPEC --dry-run` expands these (every cell's config loads)."""
     _, depth = expand("cpu-depth.yaml", root=str(tmp_path))
-    assert len(depth) == 6 * (3 + 5 + 3) + 3 * 2  # Pre-LN and ProRes three seeds; Post-LN ±ProRes to 48 blocks
+    # Pre-LN and ProRes three seeds; Post-LN ±ProRes to 48 blocks; LNS and Scaled Init three at the horizon's depths
+    assert len(depth) == 6 * (3 + 5 + 3) + 3 * 2 + 3 * 2 * 2
+    third = [c.name for c in depth if c.grid["train.seed"] == 3 and c.grid["method"] in ("LNS", "Pre-LN + Scaled Init")]
+    assert sorted(third) == sorted(f"L{d:03d}-{m}-s3" for d in (12, 48, 120) for m in ("LNS", "Pre_LN_+_Scaled_Init"))
     _, zoo = expand("cpu-zoo.yaml", root=str(tmp_path))
     assert len(zoo) == 2 * 9 * 2 * 2  # depths × methods × ProRes off/on × seeds
     cell = next(c for c in zoo if c.name == "L048-CompleteP-on-s2")
