@@ -27,13 +27,11 @@ import contextlib
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-from prores.config import load_config
+from _harness import benchmark_trainer
+
 from prores.monitor.heatmaps import Painter, heatmap, rgb, series_matrix
-from prores.launcher.train import Trainer
 from prores.monitor.registry import MONITORS, callback_class, without_monitors
 from prores.study.intervals import Spread
 
@@ -54,11 +52,9 @@ def main() -> None:
         for layers in args.layers:  # the same arguments; the last --layers is the one argparse keeps
             subprocess.run([sys.executable, __file__, *sys.argv[1:], "--layers", str(layers)], check=True)
         return
-    cfg = load_config(args.config, ("logging.progress_bar=false", "train.steps=100000", "train.log_interval=1",
-                                    f"train.eval_interval={INTERVAL}", "data.eval_samples=16",
-                                    f"logging.stats_interval={INTERVAL}", f"model.num_layers={args.layers[0]}",
-                                    *args.set))
-    trainer = Trainer(cfg, Path(tempfile.mkdtemp(prefix="prores-bench-")))
+    cfg, trainer = benchmark_trainer(args.config, "train.log_interval=1", f"train.eval_interval={INTERVAL}",
+                                     "data.eval_samples=16", f"logging.stats_interval={INTERVAL}",
+                                     f"model.num_layers={args.layers[0]}", *args.set)
     left_out = tuple(callback_class(name) for name in args.without)
     trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, left_out)]
     heatmaps = next((c for c in trainer.callbacks if isinstance(c, callback_class("heatmaps"))), None)

@@ -25,13 +25,12 @@ import collections
 import contextlib
 import copy
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
-from prores.config import load_config
+from _harness import benchmark_trainer, interleaved
+
 from prores.data.tokenizers import load_tokenizer
 from prores.launcher.builders import adamw_kernel, lr_lambda, param_groups
 from prores.launcher.train import Trainer
@@ -124,9 +123,7 @@ def main() -> None:
     parser.add_argument("--config", default=None, help="default: the tiny config; the study's: cpu-depth.yaml")
     parser.add_argument("--set", action="append", default=[])
     args = parser.parse_args()
-    cfg = load_config(args.config, ("logging.progress_bar=false", "train.steps=100000", "train.eval_interval=100000",
-                             *args.set))
-    trainer = Trainer(cfg, Path(tempfile.mkdtemp(prefix="prores-bench-")))
+    cfg, trainer = benchmark_trainer(args.config, *args.set)
     bare = BareLoop(cfg, trainer)
     trainer.call("on_start")
 
@@ -150,12 +147,7 @@ def main() -> None:
         steps(args.steps)
     instructions.reset()
     bare.phases.reset()
-    names, rates = list(loops), {name: [] for name in loops}
-    for round_ in range(args.blocks):
-        for name in names[round_ % 3:] + names[:round_ % 3]:  # each arm leads a third of the rounds
-            start = time.perf_counter()
-            loops[name](args.steps)
-            rates[name].append(args.steps * trainer.tokens_per_step / (time.perf_counter() - start))
+    rates = interleaved(loops, args.blocks, args.steps, trainer.tokens_per_step)
 
     def against_bare(name: str) -> str:  # a round's arms ran side by side: its ratio is what load drift spares
         return Spread.of(rates[name], rates["bare"]).text()

@@ -19,14 +19,12 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import tempfile
-import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from prores.config import load_config
+from _harness import benchmark_trainer, interleaved
+
 from prores.eval.export import llama_config, llama_weights
 from prores.launcher.builders import lr_lambda
 from prores.launcher.restore import OneProcessModel
@@ -85,22 +83,14 @@ def main() -> None:
     parser.add_argument("--config", default="cpu-depth.yaml")
     parser.add_argument("--set", action="append", default=[])
     args = parser.parse_args()
-    cfg = load_config(args.config, ("logging.progress_bar=false", "train.steps=100000", "train.eval_interval=100000",
-                                    *args.set))
-    trainer = Trainer(cfg, Path(tempfile.mkdtemp(prefix="prores-peer-")))
+    cfg, trainer = benchmark_trainer(args.config, *args.set)
     peer = HFPeer(cfg, trainer)
     trainer.call("on_start")
-    loops = {"prores": trainer.step_once, "hf": peer.step_once}
-    for step_once in loops.values():  # warm-up
-        for _ in range(args.steps):
-            step_once()
-    rates = {name: [] for name in loops}
-    for round_ in range(args.blocks):
-        for name in (list(loops) if round_ % 2 == 0 else list(loops)[::-1]):
-            start = time.perf_counter()
-            for _ in range(args.steps):
-                loops[name]()
-            rates[name].append(args.steps * trainer.tokens_per_step / (time.perf_counter() - start))
+    loops = {name: lambda steps, step_once=step_once: [step_once() for _ in range(steps)]
+             for name, step_once in (("prores", trainer.step_once), ("hf", peer.step_once))}
+    for steps in loops.values():  # warm-up
+        steps(args.steps)
+    rates = interleaved(loops, args.blocks, args.steps, trainer.tokens_per_step)
     ours, theirs = (statistics.median(rates[n]) for n in loops)
     print(f"{cfg.model.num_layers} blocks, ProRes {cfg.prores.schedule}, kernels {trainer.backend},"
           f" {trainer.tokens_per_step} tokens a step, {args.blocks} rounds of {args.steps} steps an arm")

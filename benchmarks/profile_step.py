@@ -17,9 +17,9 @@ import argparse
 import json
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
+
+from _harness import benchmark_trainer
 
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_mm", "mkldnn::_linear_pointwise")
 ATTENTION = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention")
@@ -36,12 +36,7 @@ def one(depth: int, backend: str, steps: int, warmup: int, config: str, sets: li
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from prores.config import load_config
-    from prores.launcher.train import Trainer
-
-    cfg = load_config(config, ("logging.progress_bar=false", "train.steps=100000", "train.eval_interval=100000",
-                               f"model.num_layers={depth}", f"kernels.backend={backend}", *sets))
-    trainer = Trainer(cfg, Path(tempfile.mkdtemp(prefix="prores-profile-")))
+    _, trainer = benchmark_trainer(config, f"model.num_layers={depth}", f"kernels.backend={backend}", *sets)
     trainer.call("on_start")
     for _ in range(warmup):
         trainer.step_once()
