@@ -246,6 +246,30 @@ def test_kept_cells_restore_to_the_same_report_and_the_sweep_skips_them(local_sw
         aside.rename(sweep_dir)
 
 
+def test_a_kept_results_csv_takes_a_later_reports_rows_in_the_sweeps_order(local_sweep, tmp_path):
+    """scripts/merge_results.py: the kept rows of two cells and a later report's of three (one of them again)
+    give the whole sweep's results.csv, row for row; a later run that ended elsewhere is refused, nothing written."""
+    import sys
+
+    _, path, sweep_dir, _ = local_sweep
+    assert run_cli("report", str(sweep_dir), "--out", str(tmp_path / "all"), timeout=300).returncode == 0
+    whole = (tmp_path / "all" / "results.csv").read_text().splitlines(keepends=True)
+    head, rows = whole[0], whole[1:]
+    kept, later = tmp_path / "kept.csv", tmp_path / "later.csv"
+    kept.write_text(head + rows[2] + rows[0])
+    later.write_text(head + "".join(rows[1:]))
+    script = [sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "merge_results.py")]
+    proc = subprocess.run([*script, str(kept), str(later), "--spec", str(path)], capture_output=True, text=True,
+                          env=child_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert kept.read_text() == "".join(whole)
+    loss = next(csv.DictReader(open(later)))["final_valid_loss"]
+    later.write_text(later.read_text().replace(loss, f"{float(loss) + 1e-4:.6f}", 1))
+    proc = subprocess.run([*script, str(kept), str(later), "--spec", str(path)], capture_output=True, text=True,
+                          env=child_env(), timeout=300)
+    assert proc.returncode == 2 and "not the same run" in proc.stderr and kept.read_text() == "".join(whole)
+
+
 def events(run_dir) -> dict:
     acc = event_accumulator.EventAccumulator(str(run_dir), size_guidance={event_accumulator.SCALARS: 0})
     acc.Reload()
