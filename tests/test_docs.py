@@ -160,6 +160,19 @@ def test_every_column_of_the_study_tables_is_its_results_csv(page, study):
     assert checked >= len({tuple(r[k] for k in grid) for r in rows})
 
 
+@pytest.mark.parametrize("page, study", [("results/cpu-depth.md", "cpu_depth"), ("results/cpu-horizon.md", "cpu_horizon")])
+def test_scripts_refresh_tables_writes_the_pages_study_tables_as_they_are(page, study, tmp_path):
+    """scripts/refresh_tables.py (which writes a page's study tables again once its results.csv has more rows)
+    leaves the kept pages as they are: every table it owns is already its CSV's, and it touches no other."""
+    copy = tmp_path / "page.md"
+    copy.write_text((ROOT / "docs" / page).read_text())
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "refresh_tables.py"), str(copy),
+                           str(ROOT / "docs" / f"{study}_results.csv")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert copy.read_text() == (ROOT / "docs" / page).read_text()
+    assert re.search(r": [12] study tables written", proc.stdout), proc.stdout
+
+
 def test_the_zoos_hybridnorm_rows_are_its_re_run():
     """docs/cpu_zoo_results.csv's HybridNorm runs are those of `prores report runs/cpu-zoo-hybridnorm` (the zoo's
     own cells, re-run when its Q, K, V norms were made to span the projection), field for field."""
