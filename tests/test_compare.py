@@ -99,7 +99,7 @@ def test_two_setups_at_one_length_are_named_by_their_studies(tmp_path):
     -0.1) -> -0.2 [-0.4484, +0.0484]: the lead grows; the change (-0.2, 0.0, -0.1) -> -0.1 [-0.3484, +0.1484]."""
     rows = lambda pre, pro: [(12, "Pre-LN", s, x) for s, x in zip((1, 2, 3), pre)] + [  # noqa: E731
         (12, "Pre-LN + ProRes", s, x) for s, x in zip((1, 2, 3), pro)]
-    text = compare(results(tmp_path / "default.csv", 1000, rows((1.5, 1.7, 1.6), (1.4, 1.5, 1.6))),
+    text = compare(results(tmp_path / "default_results.csv", 1000, rows((1.5, 1.7, 1.6), (1.4, 1.5, 1.6))),
                    results(tmp_path / "reference.csv", 1000, rows((1.6, 1.6, 1.6), (1.3, 1.4, 1.5)))).splitlines()
     assert "| model.num_layers | method | default | rank | reference | rank |" in text
     assert "| model.num_layers | seeds | default | reference | reference against default | change |" in text

@@ -16,8 +16,8 @@ over the methods both studies ran there:
   per seed, second minus first.
 
 A study is named by its steps where the two lengths differ, else by its name (the sweep directory, or the
-results file's stem): ``prores compare docs/cpu_horizon_results.csv runs/cpu-horizon-reference`` puts the
-default setup and the reference setup side by side.
+results file's stem, less ``_results``): ``prores compare docs/cpu_horizon_results.csv runs/cpu-horizon-reference``
+puts the default setup and the reference setup side by side.
 """
 
 from __future__ import annotations
@@ -104,7 +104,10 @@ def _loss(v: float) -> str:
 
 
 def study_name(target: Path) -> str:
-    return target.name if target.is_dir() else (target.parent.name if target.name == "results.csv" else target.stem)
+    """A sweep directory's name; a results file's stem without "_results" (docs/cpu_horizon_results.csv: cpu_horizon)."""
+    if target.is_dir() or target.name == "results.csv":
+        return (target if target.is_dir() else target.parent).name
+    return target.stem.removesuffix("_results")
 
 
 def compare(short: Path, long: Path, reference: str = "Pre-LN", treatment: str = "Pre-LN + ProRes") -> str:
