@@ -82,13 +82,17 @@ def test_the_preset_is_the_reference_setup_and_the_sweep_uses_it_whole():
     import yaml
 
     from prores.config import PRESETS
-    from prores.study.sweep import PACKAGED_SWEEPS
+    from prores.study.sweep import PACKAGED_SWEEPS, expand
 
     preset = yaml.safe_load((PRESETS / "paper-setup.yaml").read_text())
     assert preset == {"model.embedding_init": "sqrt_width", "optim.decay": "reference",
                       "optim.lr_convention": "reference", "optim.implementation": "fused", "model.lns_scale": "gain"}
     sweep = yaml.safe_load((PACKAGED_SWEEPS / "cpu-horizon-reference.yaml").read_text())
-    assert preset.items() <= sweep["set"].items()
+    assert sweep["presets"] == ["paper-setup"] and not preset.keys() & sweep["set"].keys()
+    _, cells = expand("cpu-horizon-reference.yaml")  # the preset first in every cell, the sweep's own keys after
+    assert len(cells) == 18 and all(c.overrides[0] == "@paper-setup" for c in cells)
+    cfg = load_config("cpu-depth.yaml", tuple(cells[0].overrides))
+    assert (cfg.model.embedding_init, cfg.optim.decay, cfg.train.steps) == ("sqrt_width", "reference", 1000)
     cfg = load_config("cpu-depth.yaml", ("@paper-setup",))
     assert (cfg.model.embedding_init, cfg.optim.decay, cfg.optim.lr_convention, cfg.optim.implementation) == \
         ("sqrt_width", "reference", "reference", "fused")

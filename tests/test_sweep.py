@@ -122,6 +122,8 @@ def test_a_sweeps_cells_share_one_inductor_cache_in_its_directory(tmp_path):
     ({"seeds": [1, "x"]}, "'seeds' must be a non-empty list of integers"),
     ({"where": [{"set": {}}]}, "'where' is a list of rules"),
     ({"slurm": {"gpus": 8}}, "unknown Slurm resource gpus"),
+    ({"presets": "paper-setup"}, "'presets' is a list of preset names"),
+    ({"presets": ["no-such-preset"]}, "no-such-preset"),
     ({"grid": {"model.num_heads": [4, 3]}},
      "cell num_heads3 (model.seq_length=32, ") ,
     ({"grid": {"parallel.tp": [1, 2]}}, "cell tp2 ("),

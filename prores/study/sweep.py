@@ -3,6 +3,7 @@
 ```yaml
 name: cpu-depth               # default: the spec file's name
 base: tiny.yaml               # a config file or a packaged name
+presets: [paper-setup]        # --set @PRESET for every cell, before the rest (configs/presets/)
 set: {train.steps: 300}       # fixed overrides
 grid:                         # the product of the lists is the set of cells
   model.num_layers: [6, 12, 24]
@@ -47,7 +48,7 @@ from prores.errors import UsageError
 from prores.parallel.rendezvous import check_divisible
 from prores.run.files import write_atomic
 
-SPEC_KEYS = ("name", "base", "set", "grid", "seeds", "where", "slurm", "eval")
+SPEC_KEYS = ("name", "base", "presets", "set", "grid", "seeds", "where", "slurm", "eval")
 EVAL_KEYS = {"tasks": list, "limit": int, "batch_size": int}  # `prores eval`'s options, each cell's checkpoint
 SLURM_KEYS = {"nodes": 1, "ntasks_per_node": 8, "gpus_per_node": 8, "cpus_per_task": 8, "time": "24:00:00",
               "partition": None, "extra": []}
@@ -132,6 +133,9 @@ def _read(path: Path) -> dict:
                         f" a sweep spec has {', '.join(SPEC_KEYS)}.")
     if "base" not in spec:
         raise SpecError(f"{path}: 'base' is missing: the config every cell starts from (a file or a packaged name).")
+    presets = spec.get("presets")
+    if presets is not None and (not isinstance(presets, list) or not all(isinstance(p, str) and p for p in presets)):
+        raise SpecError(f"{path}: 'presets' is a list of preset names (configs/presets/) or files, got {presets!r}.")
     for entry in ("set", "grid", "slurm"):
         if not isinstance(spec.get(entry) or {}, dict):
             raise SpecError(f"{path}: '{entry}' must be a mapping of KEY: VALUE.")
@@ -238,7 +242,7 @@ def _cell(path: Path, index: int, sweep_dir: Path, spec: dict, values: dict, set
           processes: Optional[int]) -> Cell:
     """One validated cell: its name from its grid values, its overrides from the spec's settings."""
     cell_name = "-".join(_token(k, v) for k, v in values.items()) or "cell"
-    overrides = [f"{k}={yaml_value(v)}" for k, v in settings.items()]
+    overrides = [f"@{p}" for p in spec.get("presets") or []] + [f"{k}={yaml_value(v)}" for k, v in settings.items()]
     cell = Cell(index, cell_name, str(sweep_dir / cell_name), str(spec["base"]), overrides, values, slurm,
                 spec.get("eval") or {})
     try:
