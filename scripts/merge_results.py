@@ -3,8 +3,9 @@ sweep (its results.csv, or the directory that holds it), written back in the swe
 
     python scripts/merge_results.py docs/cpu_horizon_results.csv RUNS/cpu-horizon --spec cpu-horizon.yaml
 
-A run in both must be the same run: the same status and final loss (a cell trained again ends where it did, as a
-run's losses are deterministic on one machine). The columns must agree, the later report's run_dir wins. Every
+The later report's cells that have not finished there (pending, running, stopped: a sweep run with --only, or
+cut off) are no runs and are left out. A run in both must be the same run: the same status and final loss (a cell
+trained again ends where it did, as a run's losses are deterministic on one machine). The columns must agree, the later report's run_dir wins. Every
 run must be a cell of the spec. Then `python scripts/redecide_claims.py` decides the claims again from it.
 """
 
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 
 from prores.errors import UsageError
+from prores.study.compare import FINISHED
 from prores.study.sweep import expand
 
 
@@ -30,6 +32,7 @@ def merge(kept: Path, later: Path, spec: str) -> int:
     (fields, rows), (new_fields, new_rows) = read(kept), read(later)
     if new_fields != fields:
         raise UsageError(f"{later}: its columns differ from {kept}'s: {sorted(set(fields) ^ set(new_fields))}")
+    new_rows = {name: row for name, row in new_rows.items() if row["status"] in FINISHED}
     for name, row in new_rows.items():
         old = rows.get(name)
         if old and (old["status"], old["final_valid_loss"]) != (row["status"], row["final_valid_loss"]):

@@ -259,13 +259,14 @@ def test_a_kept_results_csv_takes_a_later_reports_rows_in_the_sweeps_order(local
     head, rows = whole[0], whole[1:]
     kept, later = tmp_path / "kept.csv", tmp_path / "later.csv"
     kept.write_text(head + rows[2] + rows[0])
-    later.write_text(head + "".join(rows[1:]))
+    pending = rows[0].replace(",completed,", ",pending,", 1)  # a cell the later sweep did not run: no run
+    later.write_text(head + pending + "".join(rows[1:]))
     script = [sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "merge_results.py")]
     proc = subprocess.run([*script, str(kept), str(later), "--spec", str(path)], capture_output=True, text=True,
                           env=child_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert kept.read_text() == "".join(whole)
-    loss = next(csv.DictReader(open(later)))["final_valid_loss"]
+    loss = next(r for r in csv.DictReader(open(later)) if r["status"] == "completed")["final_valid_loss"]
     later.write_text(later.read_text().replace(loss, f"{float(loss) + 1e-4:.6f}", 1))
     proc = subprocess.run([*script, str(kept), str(later), "--spec", str(path)], capture_output=True, text=True,
                           env=child_env(), timeout=300)
