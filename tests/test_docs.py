@@ -205,6 +205,23 @@ def test_the_zoo_on_off_table_is_its_results_csv():
         assert verdict == ("helps" if mean + half < 0 else "hurts" if mean - half > 0 else "not shown")
 
 
+def test_the_horizon_on_off_table_is_its_results_csv():
+    """Pre-LN and LayerScale with and without ProRes (the methods "X" and "X + ProRes"), on − off paired by seed
+    with its 95% t-interval and the report's verdict, computed here from docs/cpu_horizon_results.csv."""
+    from scipy import stats
+    study = losses("cpu_horizon")
+    table = next(t for t in markdown_tables((ROOT / "docs" / "results" / "cpu-horizon.md").read_text())
+                 if t[0][0] == "method")
+    assert [(m, d) for m, d, *_ in table[1:]] == [(m, str(d)) for m in ("Pre-LN", "LayerScale") for d in (12, 48, 120)]
+    for method, depth, off, on, diff, seeds, verdict in table[1:]:
+        a, b = study[int(depth), method], study[int(depth), f"{method} + ProRes"]
+        d = [b[s] - a[s] for s in sorted(a.keys() & b.keys())]
+        mean, half = statistics.fmean(d), stats.t.ppf(0.975, len(d) - 1) * statistics.stdev(d) / math.sqrt(len(d))
+        assert (off, on, seeds) == (f"{statistics.fmean(a.values()):.4f}", f"{statistics.fmean(b.values()):.4f}", str(len(d)))
+        assert diff == f"{mean:+.4f} [{mean - half:+.4f}, {mean + half:+.4f}]"
+        assert verdict == ("helps" if mean + half < 0 else "hurts" if mean - half > 0 else "not shown")
+
+
 def losses(study: str) -> dict[tuple, dict[str, float]]:
     """``{(depth, method[, ProRes]): {seed: final loss}}`` of a kept study's completed runs."""
     out: dict = {}
@@ -256,11 +273,20 @@ def horizon_quantities() -> list[tuple[str, float]]:
     from prores.study.intervals import interval
 
     short, long = losses("cpu_depth"), losses("cpu_horizon")
-    pro, pre = "Pre-LN + ProRes", "Pre-LN"
+    pro, pre, ls, lsp = "Pre-LN + ProRes", "Pre-LN", "LayerScale", "LayerScale + ProRes"
 
-    def paired(study, depth):  # over the seeds both methods completed at both lengths, as prores compare pairs
-        seeds = finite_seeds(short[depth, pro], short[depth, pre], long[depth, pro], long[depth, pre])
-        return interval([study[depth, pro][s] - study[depth, pre][s] for s in seeds])
+    def both(depth):  # the seeds both methods completed at both lengths, as prores compare pairs them
+        return finite_seeds(short[depth, pro], short[depth, pre], long[depth, pro], long[depth, pre])
+
+    def paired(study, depth):
+        return interval([study[depth, pro][s] - study[depth, pre][s] for s in both(depth)])
+
+    def change(depth):  # the lead after 1,000 steps minus after 250, per seed
+        return interval([long[depth, pro][s] - long[depth, pre][s] - short[depth, pro][s] + short[depth, pre][s]
+                         for s in both(depth)])
+
+    def versus(a, b, depth):  # a − b at 1,000 steps, paired over the seeds both completed
+        return interval([long[depth, a][s] - long[depth, b][s] for s in finite_seeds(long[depth, a], long[depth, b])])
 
     def mean(study, depth, method):
         return statistics.fmean(study[depth, method].values())
@@ -269,19 +295,24 @@ def horizon_quantities() -> list[tuple[str, float]]:
         methods = sorted({m for d, m in short if d == depth} & {m for d, m in long if d == depth})
         return kendall_tau([mean(short, depth, m) for m in methods], [mean(long, depth, m) for m in methods])
 
+    def ends(iv, what):
+        return [(f"{what}: low", iv.low), (f"{what}: high", iv.high)]
+
     return [("ProRes - Pre-LN, 250 steps, 48", paired(short, 48).mean), ("the same, 1000 steps", paired(long, 48).mean),
             ("ProRes - Pre-LN, 250 steps, 120", paired(short, 120).mean),
             ("the same, 1000 steps", paired(long, 120).mean), ("ProRes - Pre-LN, 250 steps, 12", paired(short, 12).mean),
             ("the same, 1000 steps", paired(long, 12).mean),
-            ("its interval at 120, 1000 steps: low", paired(long, 120).low), ("high", paired(long, 120).high),
+            *ends(change(12), "the change at 12"), *ends(change(48), "the change at 48"),
+            *ends(paired(long, 48), "ProRes - Pre-LN at 48, 1000"), *ends(paired(long, 120), "at 120"),
             ("tau at 12", tau(12)), ("tau at 48", tau(48)), ("tau at 120", tau(120)),
             ("LNS at 120, 250 steps", mean(short, 120, "LNS")), ("LNS at 120, 1000 steps", mean(long, 120, "LNS")),
-            ("LNS - ProRes at 48, 1000", mean(long, 48, "LNS") - mean(long, 48, pro)),
-            ("LNS - ProRes at 120, 1000", mean(long, 120, "LNS") - mean(long, 120, pro)),
+            ("LNS - ProRes at 48, 1000", versus("LNS", pro, 48).mean),
+            ("LNS - ProRes at 120, 1000", versus("LNS", pro, 120).mean),
             ("Scaled Init at 48", mean(long, 48, "Pre-LN + Scaled Init")), ("ProRes at 48", mean(long, 48, pro)),
             ("Scaled Init at 120", mean(long, 120, "Pre-LN + Scaled Init")), ("ProRes at 120", mean(long, 120, pro)),
-            *((f"LayerScale at {d}", mean(long, d, "LayerScale")) for d in (12, 48, 120)),
-            *((f"ProRes - LayerScale at {d}", mean(long, d, pro) - mean(long, d, "LayerScale")) for d in (12, 48, 120)),
+            *((f"LayerScale at {d}", mean(long, d, ls)) for d in (12, 48, 120)),
+            *((f"ProRes - LayerScale at {d}", versus(pro, ls, d).mean) for d in (12, 48, 120)),
+            *((f"LayerScale + ProRes - LayerScale at {d}", versus(lsp, ls, d).mean) for d in (12, 48, 120)),
             ("Pre-LN at 12", mean(long, 12, pre)), ("Pre-LN at 120", mean(long, 120, pre))]
 
 
@@ -306,7 +337,7 @@ def test_every_figure_of_a_summary_is_the_quantity_it_names(page):
 
 
 @pytest.mark.parametrize("page, quoted, swapped, caught", [
-    ("results/cpu-horizon.md", "(1.7638, 1.7465 and 1.7250)", "(1.7638, 1.7250 and 1.7465)", "LayerScale at 48"),
+    ("results/cpu-horizon.md", "(1.7449, 1.7251", "(1.7449, 1.7068", "LayerScale at 48"),
     ("results/cpu-depth.md", "+0.132, +0.153", "+0.153, +0.132", "Pre-LN - ProRes at 48"),
     ("results/zoo.md", "Mix-LN (2.3772 ± 0.0003), CompleteP (2.3970 ± 0.0177)",
      "Mix-LN (2.3970 ± 0.0177), CompleteP (2.3772 ± 0.0003)", "Mix-LN off at 48"),
