@@ -5,7 +5,8 @@ sweep (its results.csv, or the directory that holds it), written back in the swe
 
 The later report's cells that have not finished there (pending, running, stopped: a sweep run with --only, or
 cut off) are no runs and are left out. A run in both must be the same run: the same status and final loss (a cell
-trained again ends where it did, as a run's losses are deterministic on one machine). The columns must agree, the later report's run_dir wins. Every
+trained again ends where it did, as a run's losses are deterministic on one machine). The kept file's columns stay: the later report must have them all (one it adds, such as a newer report's
+run_dir, is left out); where both have a run, the later row's values win. Every
 run must be a cell of the spec. Then `python scripts/redecide_claims.py` decides the claims again from it.
 """
 
@@ -30,15 +31,16 @@ def read(path: Path) -> tuple[list[str], dict[str, dict]]:
 
 def merge(kept: Path, later: Path, spec: str) -> int:
     (fields, rows), (new_fields, new_rows) = read(kept), read(later)
-    if new_fields != fields:
-        raise UsageError(f"{later}: its columns differ from {kept}'s: {sorted(set(fields) ^ set(new_fields))}")
+    missing = [f for f in fields if f not in new_fields]
+    if missing:
+        raise UsageError(f"{later}: lacks {kept}'s columns {', '.join(missing)}")
     new_rows = {name: row for name, row in new_rows.items() if row["status"] in FINISHED}
     for name, row in new_rows.items():
         old = rows.get(name)
         if old and (old["status"], old["final_valid_loss"]) != (row["status"], row["final_valid_loss"]):
             raise UsageError(f"{name}: {kept} has {old['status']} {old['final_valid_loss']}, {later}"
                              f" {row['status']} {row['final_valid_loss']}: not the same run")
-        rows[name] = row
+        rows[name] = {f: row[f] for f in fields}
     order = {c.name: c.index for c in expand(spec)[1]}
     unknown = sorted(set(rows) - set(order))
     if unknown:
