@@ -3,10 +3,23 @@ by itself, and rounds in which every arm runs side by side."""
 
 from __future__ import annotations
 
+import platform
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable
+
+
+def machine() -> str:
+    """The CPU, its vector width and the threads, as a kept printout names them: a figure depends on the machine."""
+    import torch
+
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
+                platform.processor() or platform.machine())
+    avx512 = "with" if " avx512f" in info else "without"
+    threads = torch.get_num_threads()
+    return f"{name} ({avx512} AVX-512), torch {torch.__version__}, {threads} thread{'s' * (threads != 1)}"
 
 
 def benchmark_trainer(config, *overrides: str):

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 
-from _harness import benchmark_trainer
+from _harness import benchmark_trainer, machine
 
 from prores.monitor.heatmaps import Painter, heatmap, rgb, series_matrix
 from prores.monitor.registry import MONITORS, callback_class, without_monitors
@@ -79,7 +79,7 @@ def main() -> None:
     on, off = (statistics.median(times[m]) for m in ("on", "off"))
     on_label = "every monitor on" + (f" but {', '.join(args.without)}" if args.without else "")
     print(f"layers={cfg.model.num_layers} tokens/step={trainer.tokens_per_step} stats_interval={INTERVAL},"
-          f" an evaluation and a heatmap refresh every {cfg.train.eval_interval} steps")
+          f" an evaluation and a heatmap refresh every {cfg.train.eval_interval} steps, on {machine()}")
     spread = Spread.of(times["on"][:len(times["off"])], times["off"])  # an on block and the off block after it
     print(f"median time of {INTERVAL} steps: {on_label} {on * 1e3:.0f} ms, all off {off * 1e3:.0f} ms,"
           f" ratio on/off {spread.text()} (the blocks' 10th to 90th percentile)")

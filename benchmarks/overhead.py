@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from _harness import benchmark_trainer, interleaved
+from _harness import benchmark_trainer, interleaved, machine
 
 from prores.data.tokenizers import load_tokenizer
 from prores.launcher.builders import adamw_kernel, lr_lambda, param_groups
@@ -154,7 +154,7 @@ def main() -> None:
 
     ours, engine, theirs = (statistics.median(rates[n]) for n in loops)
     print(f"{cfg.model.num_layers} blocks, {trainer.tokens_per_step} tokens a step, kernels {trainer.backend},"
-          f" {args.blocks} rounds of {args.steps} steps an arm; medians over the rounds (a ratio's 10th to 90th"
+          f" {args.blocks} rounds of {args.steps} steps an arm on {machine()}; medians over the rounds (a ratio's 10th to 90th"
           " percentile over the rounds)")
     print(f"tokens/s: prores {ours:.0f}, without its monitors {engine:.0f}, bare PyTorch loop {theirs:.0f};"
           f" prores / bare = {against_bare('prores')}, without monitors / bare = {against_bare('unwatched')}")

@@ -23,7 +23,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from _harness import benchmark_trainer, interleaved
+from _harness import benchmark_trainer, interleaved, machine
 
 from prores.eval.export import llama_config, llama_weights
 from prores.launcher.builders import lr_lambda
@@ -93,7 +93,7 @@ def main() -> None:
     rates = interleaved(loops, args.blocks, args.steps, trainer.tokens_per_step)
     ours, theirs = (statistics.median(rates[n]) for n in loops)
     print(f"{cfg.model.num_layers} blocks, ProRes {cfg.prores.schedule}, kernels {trainer.backend},"
-          f" {trainer.tokens_per_step} tokens a step, {args.blocks} rounds of {args.steps} steps an arm")
+          f" {trainer.tokens_per_step} tokens a step, {args.blocks} rounds of {args.steps} steps an arm on {machine()}")
     print(f"tokens/s: prores {ours:.0f}, HF Llama (the paper's recipe) {theirs:.0f}; prores / HF ="
           f" {Spread.of(rates['prores'], rates['hf']).text()} (the rounds' 10th to 90th percentile)")
 

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from _harness import benchmark_trainer
+from _harness import benchmark_trainer, machine
 
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_mm", "mkldnn::_linear_pointwise")
 ATTENTION = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention")
@@ -64,7 +64,8 @@ def main() -> None:
     if args.one:
         print(json.dumps(one(int(args.one[0]), args.one[1], args.steps, args.warmup, args.config, args.set)))
         return
-    print(f"{args.config} {' '.join(args.set)}: {args.steps} profiled steps after {args.warmup}; ms a step (share)")
+    print(f"{args.config} {' '.join(args.set)}: {args.steps} profiled steps after {args.warmup} on {machine()};"
+          " ms a step (share)")
     for depth in args.depths:
         for backend in args.backends:
             cmd = [sys.executable, __file__, "--one", str(depth), backend, "--steps", str(args.steps),

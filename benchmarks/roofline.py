@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from _harness import machine
 from prores.config import load_config
 from prores.data.tokenizers import load_tokenizer
 from prores.model.size import block_flops_per_token, padded_vocab_size
@@ -79,7 +80,7 @@ def main() -> None:
     args = parser.parse_args()
     base = load_config("cpu-depth.yaml", args.set)
     tokens = base.train.micro_batch_size * base.model.seq_length
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {tokens} tokens a micro-batch")
+    print(f"{machine()}, {tokens} tokens a micro-batch")
     print("width  FFN   matmul GFLOP/s (the blocks' projections)")
     rates = {}
     for h in args.widths:

@@ -43,6 +43,8 @@ SMOKE = {
     "study_time.sh": (["{tmp}", "--set", "train.steps=2", *SETS[2:]],
                       rf"in grid order {NUMBER} h, longest first \(the runner's order\) {NUMBER} h"),
 }
+# study_time.sh's fewest cells: two depths (a line's fit), eager and one compiling backend
+SMOKE_ENV = {"study_time.sh": {"BACKENDS": "eager block", "DEPTHS": "2 3"}}
 # covered elsewhere: chaos.py by tests/test_chaos.py (its short run), memory.py by tests/test_plan.py (the
 # planner against it); gpu_check.sh needs a CUDA device, so here it must stop at once, saying so
 ELSEWHERE = {"chaos.py": "test_chaos.py", "memory.py": "test_plan.py", "gpu_check.sh": "this file",
@@ -63,7 +65,8 @@ def test_the_benchmark_runs_and_prints_its_figures(script, tmp_path):
     runner = ["bash"] if script.endswith(".sh") else [sys.executable]
     proc = subprocess.run([*runner, str(ROOT / "benchmarks" / script), *[a.format(tmp=tmp_path) for a in args]],
                           capture_output=True, text=True, cwd=tmp_path, timeout=900,
-                          env=child_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"))
+                          env=child_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+                                        **SMOKE_ENV.get(script, {})))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert re.search(shows, proc.stdout, re.M), proc.stdout[-3000:]
 
