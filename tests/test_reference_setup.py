@@ -100,6 +100,23 @@ def test_the_preset_is_the_reference_setup_and_the_sweep_uses_it_whole():
     assert load_config(None, ("@paper-setup", "optim.decay=matrices")).optim.decay == "matrices"
 
 
+def test_the_embedding_sweep_is_the_horizon_studys_cells_with_one_key_changed():
+    """cpu-horizon-embedding.yaml isolates one of the preset's five choices: its cells must be the default horizon
+    study's Pre-LN and ProRes cells at 48 and 120 blocks, run for run, with only the embedding's init added."""
+    from prores.study.sweep import expand
+
+    _, horizon = expand("cpu-horizon.yaml")
+    _, embedding = expand("cpu-horizon-embedding.yaml")
+    wanted = {c.name: c for c in horizon if c.name[:4] in ("L048", "L120") and "Pre_LN" in c.name
+              and "Scaled" not in c.name}
+    assert sorted(c.name for c in embedding) == sorted(wanted) and len(embedding) == 12
+    for cell in embedding:
+        default, changed = (load_config("cpu-depth.yaml", tuple(c.overrides)) for c in (wanted[cell.name], cell))
+        assert changed.model.embedding_init == "sqrt_width" and default.model.embedding_init == "matrix"
+        changed.model.embedding_init = "matrix"
+        assert changed == default, cell.name
+
+
 def test_updates_under_the_preset_are_the_references_training_loop(world_of_one):
     """torchrun_main.py's recipe, written out: AdamW(groups by HF name with no_decay = ["bias",
     "layernorm.weight", "embed_tokens"], betas=(0.9, 0.95), eps=1e-8, fused=True); its WSD LambdaLR; before each
