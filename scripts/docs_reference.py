@@ -1,6 +1,6 @@
 """`python scripts/docs_reference.py`: the manual's pages that the code knows, written from it: the config
 keys, the residual methods, ProRes schedules and callbacks from their registries, the CLI from its argparse
-parser, the CPU depth and horizon studies' claims from the claims.json that `prores report` wrote. They are kept in the
+parser, the CPU depth, horizon and reference-setup studies' claims from the claims.json that `prores report` wrote. They are kept in the
 repository so they read on GitHub too; tests/test_docs.py fails when one differs from what this writes.
 `--check` writes nothing and exits 1 naming each page that is out of date."""
 
@@ -30,6 +30,8 @@ def pages() -> dict[str, str]:
         "results/cpu-depth-claims.md": claims_page("cpu_depth_claims.json", "The paper's claims at CPU scale"),
         "results/cpu-horizon-claims.md": claims_page("cpu_horizon_claims.json",
                                                      "The paper's claims at four times the steps"),
+        "results/cpu-horizon-reference-claims.md": claims_page("cpu_horizon_reference_claims.json",
+                                                               "The paper's claims under its own setup"),
     }
     return {path: GENERATED + text.rstrip() + "\n" for path, text in texts.items()}
 

@@ -16,7 +16,8 @@ from prores.study.report import cell_label, markdown_table, plot_ppl_vs_depth
 from prores.study.runs import from_results
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-CLAIMS = {"cpu_depth": "cpu-depth.yaml", "cpu_horizon": "cpu-horizon.yaml"}  # kept study -> the spec that made it
+CLAIMS = {"cpu_depth": "cpu-depth.yaml", "cpu_horizon": "cpu-horizon.yaml",
+          "cpu_horizon_reference": "cpu-horizon-reference.yaml"}  # kept study -> the spec that made it
 ON_OFF = {"results/zoo.md": ("cpu_zoo", "cpu-zoo.yaml"), "results/cpu-horizon.md": ("cpu_horizon", "cpu-horizon.yaml")}
 
 

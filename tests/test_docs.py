@@ -108,33 +108,39 @@ def mean_spread(values: list[float], digits: int) -> str:
     return mean if len(values) == 1 else f"{mean} ± {statistics.stdev(values):.{digits}f}"
 
 
-def horizon_comparison() -> str:
-    """What `prores compare` prints for the two kept studies, the tables the horizon page quotes."""
-    return compare(ROOT / "docs" / "cpu_depth_results.csv", ROOT / "docs" / "cpu_horizon_results.csv")
+# The pages that quote `prores compare FIRST SECOND`, with the two kept studies it compares there.
+COMPARED = {"results/cpu-horizon.md": ("cpu_depth", "cpu_horizon"),
+            "results/paper-setup.md": ("cpu_horizon", "cpu_horizon_reference")}
 
 
-def test_the_horizon_page_quotes_prores_compare():
-    """Every table `prores compare docs/cpu_depth_results.csv docs/cpu_horizon_results.csv` prints is on the
-    page as printed: losses, ranks, Kendall's τ and the paired ProRes − Pre-LN at both lengths."""
-    want = markdown_tables(horizon_comparison())
+def comparison(page: str) -> str:
+    """What `prores compare` prints for the two kept studies a page compares: the tables it quotes."""
+    return compare(*(ROOT / "docs" / f"{study}_results.csv" for study in COMPARED.get(page, ())))
+
+
+@pytest.mark.parametrize("page", COMPARED)
+def test_the_comparison_pages_quote_prores_compare(page):
+    """Every table `prores compare` prints for the page's two studies is on the page as printed: losses, ranks,
+    Kendall's τ and the paired ProRes − Pre-LN in both."""
+    want = markdown_tables(comparison(page))
     assert len(want) == 3
-    page = markdown_tables((ROOT / "docs" / "results" / "cpu-horizon.md").read_text())
-    assert [t for t in want if t not in page] == []
+    quoted = markdown_tables((ROOT / "docs" / page).read_text())
+    assert [t for t in want if t not in quoted] == []
 
 
 STUDY_PAGES = [("results/cpu-depth.md", "cpu_depth"), ("results/zoo.md", "cpu_zoo"),
-               ("results/cpu-horizon.md", "cpu_horizon")]
+               ("results/cpu-horizon.md", "cpu_horizon"), ("results/paper-setup.md", "cpu_horizon_reference")]
 
 
 @pytest.mark.parametrize("page, study", STUDY_PAGES + [("results/zoo.md", "cpu_zoo_hybridnorm_lr")])
 def test_every_column_of_the_study_tables_is_its_results_csv(page, study):
     """Each row of each table that quotes a report (its first column is the first grid axis) is recomputed from
     the report's results.csv, kept in docs/: every column, so a column without a rule here fails. (The
-    horizon page's comparison tables are `prores compare`'s, checked above.)"""
+    comparison tables are `prores compare`'s, checked above.)"""
     rows = list(csv.DictReader((ROOT / "docs" / f"{study}_results.csv").open()))
     fields = list(rows[0])
     grid = fields[:fields.index("name")]
-    compared = markdown_tables(horizon_comparison())
+    compared = markdown_tables(comparison(page)) if page in COMPARED else []
     tables = [t for t in markdown_tables((ROOT / "docs" / page).read_text()) if t[0][0] == grid[0]
               and t not in compared]
     assert tables, f"no study table on {page}"
@@ -160,7 +166,8 @@ def test_every_column_of_the_study_tables_is_its_results_csv(page, study):
     assert checked >= len({tuple(r[k] for k in grid) for r in rows})
 
 
-@pytest.mark.parametrize("page, study", [("results/cpu-depth.md", "cpu_depth"), ("results/cpu-horizon.md", "cpu_horizon")])
+@pytest.mark.parametrize("page, study", [("results/cpu-depth.md", "cpu_depth"), ("results/cpu-horizon.md", "cpu_horizon"),
+                                         ("results/paper-setup.md", "cpu_horizon_reference")])
 def test_scripts_refresh_tables_writes_the_pages_study_tables_as_they_are(page, study, tmp_path):
     """scripts/refresh_tables.py (which writes a page's study tables again once its results.csv has more rows)
     leaves the kept pages as they are: every table it owns is already its CSV's, and it touches no other."""
@@ -316,7 +323,60 @@ def horizon_quantities() -> list[tuple[str, float]]:
             ("Pre-LN at 12", mean(long, 12, pre)), ("Pre-LN at 120", mean(long, 120, pre))]
 
 
-SUMMARIES = {"results/cpu-horizon.md": horizon_quantities, "results/cpu-depth.md": depth_quantities,
+def reference_quantities() -> list[tuple[str, float]]:
+    """The reference-setup page's "In short" figures, in order: ProRes − Pre-LN under each setup, paired over the
+    seeds both methods completed under both (as prores compare pairs them), its intervals, their change."""
+    from prores.study.compare import finite_seeds
+    from prores.study.intervals import interval
+
+    default, ref = losses("cpu_horizon"), losses("cpu_horizon_reference")
+    pro, pre = "Pre-LN + ProRes", "Pre-LN"
+
+    def seeds(d):
+        return finite_seeds(default[d, pro], default[d, pre], ref[d, pro], ref[d, pre])
+
+    def paired(study, d):
+        return interval([study[d, pro][s] - study[d, pre][s] for s in seeds(d)])
+
+    def change(d):
+        return interval([ref[d, pro][s] - ref[d, pre][s] - default[d, pro][s] + default[d, pre][s] for s in seeds(d)])
+
+    def ends(iv, what):
+        return [(f"{what}: low", iv.low), (f"{what}: high", iv.high)]
+
+    def mean(study, d, method):
+        return statistics.fmean(study[d, method].values())
+    return [*((f"reference ProRes - Pre-LN at {d}", paired(ref, d).mean) for d in (12, 48, 120)),
+            *((f"default ProRes - Pre-LN at {d}", paired(default, d).mean) for d in (12, 48, 120)),
+            *ends(paired(ref, 12), "reference at 12"), *ends(paired(ref, 48), "reference at 48"),
+            *ends(paired(ref, 120), "reference at 120"), *ends(change(48), "the change at 48"),
+            *ends(change(120), "the change at 120"), ("default Pre-LN at 120", mean(default, 120, pre)),
+            ("reference Pre-LN at 120", mean(ref, 120, pre)), ("default ProRes at 120", mean(default, 120, pro)),
+            ("reference ProRes at 120", mean(ref, 120, pro))]
+
+
+def test_the_reference_pages_claims_are_the_rules_on_both_setups():
+    """The depth claims over Pre-LN and Pre-LN + ProRes alone, as the page tabulates them for both setups, are
+    what prores.study.claims decides from each kept CSV (the other methods of the default study left out)."""
+    from prores.study.claims import Study
+    from prores.study.report import cell_label
+    from prores.study.runs import from_results
+
+    def decided(study, spec):
+        runs = [r for r in from_results(ROOT / "docs" / f"{study}_results.csv", spec)
+                if r.grid["method"] in ("Pre-LN", "Pre-LN + ProRes")]
+        lowest, grows = Study(runs, lambda r: cell_label(r.grid)).lowest()
+        return {lowest.statement: lowest.verdict, grows.statement: grows.verdict,
+                **{f"at {d} blocks": v["verdict"] for d, v in lowest.numbers["per_depth"].items()}}
+    table = next(t for t in markdown_tables((ROOT / "docs" / "results" / "paper-setup.md").read_text())
+                 if t[0][0].startswith("claim"))
+    want = [decided("cpu_horizon", "cpu-horizon.yaml"), decided("cpu_horizon_reference", "cpu-horizon-reference.yaml")]
+    assert sorted(row[0] for row in table[1:]) == sorted(want[0]) == sorted(want[1])
+    for claim, default, reference in table[1:]:
+        assert (default, reference) == (want[0][claim], want[1][claim]), claim
+
+
+SUMMARIES = {"results/paper-setup.md": reference_quantities, "results/cpu-horizon.md": horizon_quantities, "results/cpu-depth.md": depth_quantities,
              "results/zoo.md": zoo_quantities}
 
 
@@ -339,6 +399,7 @@ def test_every_figure_of_a_summary_is_the_quantity_it_names(page):
 @pytest.mark.parametrize("page, quoted, swapped, caught", [
     ("results/cpu-horizon.md", "(1.7449, 1.7251", "(1.7449, 1.7068", "LayerScale at 48"),
     ("results/cpu-depth.md", "+0.132, +0.153", "+0.153, +0.132", "Pre-LN - ProRes at 48"),
+    ("results/paper-setup.md", "from 1.8307 to 1.7148", "from 1.7148 to 1.8307", "default Pre-LN at 120"),
     ("results/zoo.md", "Mix-LN (2.3772 ± 0.0003), CompleteP (2.3970 ± 0.0177)",
      "Mix-LN (2.3970 ± 0.0177), CompleteP (2.3772 ± 0.0003)", "Mix-LN off at 48"),
 ])

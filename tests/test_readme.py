@@ -142,8 +142,8 @@ def paired(rows, depth, reference, treatment):
 
 
 def test_the_readme_findings_are_the_studies_numbers():
-    """Each number of "What prores found at CPU scale", from docs/cpu_depth_results.csv, cpu_depth_claims.json
-    and cpu_zoo_results.csv, computed here."""
+    """Each number of "What prores found at CPU scale", from docs/cpu_depth_results.csv, cpu_depth_claims.json,
+    cpu_zoo_results.csv and cpu_horizon_reference_results.csv, computed here."""
     text = " ".join((ROOT / "README.md").read_text().split("## What prores found at CPU scale", 1)[1]
                     .split("\n## ", 1)[0].split())
     depth = list(csv.DictReader((ROOT / "docs" / "cpu_depth_results.csv").open()))
@@ -182,6 +182,19 @@ def test_the_readme_findings_are_the_studies_numbers():
     assert statistics.fmean(d) - half < 0 < statistics.fmean(d) + half  # "two seeds do not show it"
     assert "though two seeds do not show it (its 95% t-interval includes 0)" in text
     assert f"LayerScale alone is lower there ({mean('LayerScale', 'off'):.4f} against {mean('Pre-LN', 'on'):.4f})" in text
+    reference = [r for r in csv.DictReader((ROOT / "docs" / "cpu_horizon_reference_results.csv").open())]
+    effect = {d: paired(reference, d, "Pre-LN", "Pre-LN + ProRes") for d in (12, 48, 120)}  # ProRes − Pre-LN
+    assert all(low > 0 for _, low, _ in (effect[12], effect[48])) and effect[120][1] <= 0 <= effect[120][2], effect
+    assert "ProRes no longer ends below Pre-LN at any depth: it is shown to hurt at 12 and 48 blocks, and at 120 no" \
+           " effect is shown" in text and all(g > 0 for g, _, _ in effect.values())
+    horizon = list(csv.DictReader((ROOT / "docs" / "cpu_horizon_results.csv").open()))
+
+    def fall(method):  # "mostly because Pre-LN trains better there": its loss falls more than ProRes's at 120
+        def at(rows):
+            return statistics.fmean(float(r["final_valid_loss"]) for r in rows
+                                    if (r["model.num_layers"], r["method"]) == ("120", method))
+        return at(horizon) - at(reference)
+    assert fall("Pre-LN") > 2 * fall("Pre-LN + ProRes") > 0 and "mostly because Pre-LN trains better there" in text
 
 
 def test_the_pages_say_the_gpu_paths_are_untested_until_the_check_has_run():
