@@ -40,6 +40,8 @@ SMOKE = {
                    rf"^\s+32\s+[\d,]+\s+{NUMBER}"),
     "roofline.py": (["--widths", "32", "--depths", "2", "--steps", "2", "--reps", "2", *SETS],
                     rf"^\s+2\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}%"),
+    "speedup.py": (["--blocks", "2", "--steps", "1", "--config", "tiny.yaml", *SETS[:-2]],
+                   rf"fast / eager = {NUMBER} \({NUMBER} to {NUMBER}\)"),
     "study_time.sh": (["{tmp}", "--set", "train.steps=2", *SETS[2:]],
                       rf"in grid order {NUMBER} h, longest first \(the runner's order\) {NUMBER} h"),
 }

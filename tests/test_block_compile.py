@@ -43,3 +43,27 @@ def test_one_graph_for_every_block_and_alpha(world_of_one):
         h.sum().backward()
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
     assert "_orig_mod" not in "".join(blocks[0].state_dict())  # compiled in place: the eager block's names
+
+
+def test_the_layer_statistics_stay_out_of_the_compiled_block(world_of_one):
+    """LayerDiagnostics' forward hook on every block, on at some steps and off at others: still one graph and no
+    graph break (traced, the hook breaks the graph and recompiles for each layer it has counted)."""
+    from prores.monitor.layer_stats import LayerDiagnostics
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    diagnostics = LayerDiagnostics()
+    blocks = [block("pre", layer, backend="block") for layer in range(1, 5)]
+    for layer, b in enumerate(blocks, 1):
+        b.register_forward_hook(diagnostics._hook(layer))
+    x = torch.randn(16, 2, 64, requires_grad=True)
+    for step in range(1, 5):
+        diagnostics.active, diagnostics._forward = step % 2 == 1, {}
+        h = x
+        for b in blocks:
+            b.set_step(step)
+            h = b(h)
+        h.sum().backward()
+        assert sorted(diagnostics._forward) == ([1, 2, 3, 4] if step % 2 else [])
+    counters = torch._dynamo.utils.counters
+    assert (counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())) == (1, 0)

@@ -63,7 +63,54 @@ KEPT_PRINTOUTS = [
      " | tail -n 3 >> docs/overhead.txt", "overhead.txt"),
     ("docs/monitoring.md", MONITOR_COMMAND, "monitor_overhead.txt"),
     ("docs/results/cpu-depth.md", "bash benchmarks/study_time.sh > docs/study_time.txt", "study_time.txt"),
+    ("docs/speed.md", "python benchmarks/profile_step.py > docs/profile_step.txt\npython benchmarks/profile_step.py"
+     " --backends block --set optim.implementation=fused >> docs/profile_step.txt", "profile_step.txt"),
+    ("docs/speed.md", "for L in 48 120; do python benchmarks/speedup.py --set model.num_layers=$L --set"
+     " prores.schedule=linear | tail -n 2; done > docs/speedup.txt", "speedup.txt"),
+    ("docs/speed.md", "for L in 48 120; do python benchmarks/peer.py --set model.num_layers=$L --set prores.schedule=linear"
+     " | tail -n 2; done > docs/peer.txt\nfor L in 48 120; do python benchmarks/peer.py --set model.num_layers=$L --set"
+     " prores.schedule=linear --set kernels.backend=block --set optim.implementation=fused | tail -n 2; done >>"
+     " docs/peer.txt", "peer.txt"),
 ]
+
+
+def met_at(lows: dict[int, float], goal: float) -> str:
+    """Where a goal is met at 48 and 120 blocks, judged by the intervals' lower ends, as the pages word it."""
+    met = [d for d, low in lows.items() if low >= goal]
+    if len(met) == 1:
+        return f"is met at {met[0]} blocks and not at {({48, 120} - set(met)).pop()}"
+    return "is met at 48 and at 120 blocks" if met else "is met at neither 48 nor 120 blocks"
+
+
+def test_the_speed_pages_verdicts_are_the_kept_printouts():
+    """docs/speed.md's three goals, each judged from its kept printout by the lower end of its interval: matmuls
+    plus attention at least 75% of the step (the best backend's share at each depth), the faster settings at least
+    1.5x eager's tokens/s, prores at least 1.3x the HF Llama step (eager and compiled alike)."""
+    page = " ".join((ROOT / "docs" / "speed.md").read_text().split())
+    profile = (ROOT / "docs" / "profile_step.txt").read_text()
+    share: dict[int, int] = {}
+    for depth, pct in re.findall(r"^(\d+) blocks, kernels \w+: .* matmul \+ attention (\d+)%$", profile, re.M):
+        share[int(depth)] = max(share.get(int(depth), 0), int(pct))
+    assert sorted(share) == [48, 120]
+    assert (f"**Matmuls and attention take at most {share[48]}% of the step at 48 blocks and {share[120]}% at 120:"
+            f" the goal, 75%, {met_at({d: v / 100 for d, v in share.items()}, 0.75)}.**") in page
+
+    def ratios(kept: str, name: str) -> list[tuple[int, str, float]]:
+        text = (ROOT / "docs" / kept).read_text()
+        depths = [int(d) for d in re.findall(r"^(\d+) blocks,", text, re.M)]
+        found = re.findall(name + r" = ([\d.]+) \(([\d.]+) to [\d.]+\)", text)
+        assert len(depths) == len(found) > 0
+        return [(d, median, float(low)) for d, (median, low) in zip(depths, found)]
+    speedup = ratios("speedup.txt", "fast / eager")
+    assert [d for d, _, _ in speedup] == [48, 120]
+    assert (f"**The goal, 1.5x eager's tokens/s, {met_at({d: low for d, _, low in speedup}, 1.5)}**: fast / eager is"
+            f" {speedup[0][1]} and {speedup[1][1]}, the lower ends {speedup[0][2]:.3f} and {speedup[1][2]:.3f}.") in page
+    peer = ratios("peer.txt", "prores / HF")
+    assert [d for d, _, _ in peer] == [48, 120, 48, 120]  # eager, then block + fused AdamW
+    eager, fast = {d: low for d, _, low in peer[:2]}, {d: low for d, _, low in peer[2:]}
+    assert met_at(eager, 1.3) == met_at(fast, 1.3)
+    assert (f"**The goal, 1.3x the HF step, {met_at(eager, 1.3)}**, eager or compiled: prores / HF is {peer[0][1]} and"
+            f" {peer[1][1]} eager, {peer[2][1]} and {peer[3][1]} with each block compiled and fused AdamW.") in page
 
 
 @pytest.mark.parametrize("page, command, kept", KEPT_PRINTOUTS)
@@ -82,22 +129,29 @@ def test_the_readmes_speed_figures_are_the_kept_printouts():
     readme = (ROOT / "README.md").read_text()
     roofline = (ROOT / "docs" / "roofline.txt").read_text()
     rate = float(re.search(r"^\s+64\s+\d+\s+([\d.]+)$", roofline, re.M).group(1))
-    shares = {round(float(x)) for x in re.findall(r"([\d.]+)%$", roofline, re.M)}
-    assert f"about {round(rate)} GFLOP/s at width 64" in readme and len(shares) == 1
-    assert f"reaches {shares.pop()}% of that" in readme
+    shares = sorted({round(float(x)) for x in re.findall(r"([\d.]+)%$", roofline, re.M)})
+    assert f"about {round(rate)} GFLOP/s at width 64" in readme
+    assert f"reaches {shares[0]}% of that" in readme if len(shares) == 1 else \
+        f"reaches {shares[0]}% to {shares[-1]}% of that" in " ".join(readme.split())
     monitor = (ROOT / "docs" / "monitor_overhead.txt").read_text()
     ratios = [float(x) for x in re.findall(r"ratio on/off ([\d.]+)", monitor)]
     pct = [f"{(r - 1) * 100:.1f}%" for r in ratios]  # the runs print 12 then 48 blocks, twice
     assert f"{pct[0]} and {pct[2]} at 12 blocks and {pct[1]} and {pct[3]} at 48" in readme
-    assert max(ratios) <= 1.03 and "within the goal of 3%" in readme
-    assert "Both runs are within the goal of 1.03 at both depths" in " ".join(
-        (ROOT / "docs" / "monitoring.md").read_text().split())
+    # a cost's goal is met only when the upper end of the blocks' interval stays within it, not the median
+    highs = [float(x) for x in re.findall(r"ratio on/off [\d.]+ \([\d.]+ to ([\d.]+)\)", monitor)]
+    assert len(highs) == 4
+    monitoring = " ".join((ROOT / "docs" / "monitoring.md").read_text().split())
+    if max(highs) <= 1.03:
+        assert "within the goal of 3%" in readme and "Both runs are within the goal of 1.03 at both depths" in monitoring
+    else:
+        medians = {0: "every median within it", 1: "one median lying above it"}.get(sum(r > 1.03 for r in ratios),
+                                                                                  "medians lying above it")
+        assert (f"the goal of 3% is not met, {medians} and every run's 90th percentile (up to {max(highs):.3f})"
+                in " ".join(readme.split()) and min(highs) > 1.03 and "The goal of 1.03 is not met" in monitoring)
     overhead = (ROOT / "docs" / "overhead.txt").read_text()
     # a goal is met only when the lower end of the rounds' interval clears it, not the median
     at_48, at_120 = (float(x) for x in re.findall(r"prores / bare = [\d.]+ \(([\d.]+) to", overhead))
-    met = {(True, True): "is met at 48 and at 120 blocks", (True, False): "is met at 48 blocks and not at 120",
-           (False, True): "is met at 120 blocks and not at 48", (False, False): "is met at neither 48 nor 120 blocks"}
-    assert f"**The goal, 0.95, {met[at_48 >= 0.95, at_120 >= 0.95]}.**" in readme
+    assert f"**The goal, 0.95, {met_at({48: at_48, 120: at_120}, 0.95)}.**" in readme
     pairs = re.findall(r"tokens/s: prores (\d+), without its monitors (\d+)", overhead)
     gains = [f"{(int(without) / int(ours) - 1) * 100:+.1f}%" for ours, without in pairs]
     assert f"Without its monitors the step's tokens/s change by {gains[0]} and {gains[1]}" in " ".join(readme.split())
@@ -107,8 +161,8 @@ def test_the_readmes_speed_figures_are_the_kept_printouts():
 
 
 def test_the_study_backend_paragraph_is_the_kept_study_time():
-    """cpu-depth.md's reasons for eager kernels, each from docs/study_time.txt: the two backends' tokens/s within
-    3% at every depth, the warm and cold start-up costs, and the whole study longer under compile."""
+    """cpu-depth.md's reasons for eager kernels, each from docs/study_time.txt: where compile's and block's
+    tokens/s are ahead of eager's, the warm and cold start-up costs, and the whole study longer under both."""
     page = " ".join((ROOT / "docs" / "results" / "cpu-depth.md").read_text().split())
     kept = (ROOT / "docs" / "study_time.txt").read_text()
     rates, fixed, makespan = {}, {}, {}
@@ -120,17 +174,21 @@ def test_the_study_backend_paragraph_is_the_kept_study_time():
             body).groups())
         assert max(grid, longest) <= 1.02 * best  # "both orders are within 2% of the sum over two slots"
         makespan[backend] = longest
-    assert len(rates["eager"]) == len(rates["compile"]) == 3
-    diffs = {depth: c / e - 1 for depth, e, c in zip((12, 48, 120), rates["eager"], rates["compile"])}
-    ahead = " and ".join(str(depth) for depth, d in diffs.items() if d > 0)
-    assert f"differ by {math.ceil(max(map(abs, diffs.values())) * 100)}% at most" in page
-    assert (f"compile ahead at {ahead} blocks and behind elsewhere" if ahead else "compile behind at every depth") in page
+    assert len(rates["eager"]) == len(rates["compile"]) == len(rates["block"]) == 3
+    for backend, verb in (("compile", "compile"), ("block", "block is")):
+        diffs = {depth: c / e - 1 for depth, e, c in zip((12, 48, 120), rates["eager"], rates[backend])}
+        ahead = " and ".join(str(depth) for depth, d in diffs.items() if d > 0)
+        assert (f"{verb} ahead at {ahead} blocks and behind elsewhere" if ahead else f"{verb} behind at every depth"
+                ) in page
+        if backend == "compile":
+            assert f"compile's tokens/s and eager's differ by {math.ceil(max(map(abs, diffs.values())) * 100)}% at most" in page
     residuals = [float(x) for x in re.findall(r"worst residual ([\d.]+)%", kept)]
     assert f"by up to {max(residuals)}%" in page
     assert f"each compiled cell starts about {round(fixed['compile'] - fixed['eager'])} s later" in page
     cold, sets = re.search(r"cold: ([\d.]+) s more, once for each of the sweep's (\d+)", kept).groups()
     assert f"plus about {round(float(cold))} s for each of the {sets} kernel sets compiled cold" in page
-    assert makespan["compile"] > makespan["eager"] and "the whole study would take longer, not less" in page
+    assert min(makespan["compile"], makespan["block"]) > makespan["eager"]
+    assert "the whole study would take longer, not less, under either" in page
 
 def paired(rows, depth, reference, treatment):
     """treatment − reference per seed over the completed seeds both have: (mean, its 95% t-interval's low and

@@ -60,6 +60,9 @@ class LayerDiagnostics(Callback):
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
 
     def _hook(self, layer: int):
+        # kept out of a block compiled whole (kernels.backend=block): traced, the hook would break its graph and
+        # recompile for every layer it counted, up to Dynamo's limit
+        @torch.compiler.disable
         def hook(module, inputs, output):
             # with model.recompute=block a block runs again inside the backward pass: count its first forward
             if self.active and not recomputing():
