@@ -108,22 +108,25 @@ def mean_spread(values: list[float], digits: int) -> str:
     return mean if len(values) == 1 else f"{mean} ± {statistics.stdev(values):.{digits}f}"
 
 
-# The pages that quote `prores compare FIRST SECOND`, with the two kept studies it compares there.
-COMPARED = {"results/cpu-horizon.md": ("cpu_depth", "cpu_horizon"),
-            "results/paper-setup.md": ("cpu_horizon", "cpu_horizon_reference")}
+# The pages that quote `prores compare FIRST SECOND`, with the pairs of kept studies it compares there.
+COMPARED = {"results/cpu-horizon.md": [("cpu_depth", "cpu_horizon")],
+            "results/paper-setup.md": [("cpu_horizon", "cpu_horizon_reference"),
+                                       ("cpu_horizon", "cpu_horizon_embedding"),
+                                       ("cpu_horizon_embedding", "cpu_horizon_reference")]}
 
 
 def comparison(page: str) -> str:
-    """What `prores compare` prints for the two kept studies a page compares: the tables it quotes."""
-    return compare(*(ROOT / "docs" / f"{study}_results.csv" for study in COMPARED.get(page, ())))
+    """What `prores compare` prints for the pairs of kept studies a page compares: the tables it quotes."""
+    return "\n".join(compare(*(ROOT / "docs" / f"{study}_results.csv" for study in pair))
+                     for pair in COMPARED.get(page, ()))
 
 
 @pytest.mark.parametrize("page", COMPARED)
 def test_the_comparison_pages_quote_prores_compare(page):
-    """Every table `prores compare` prints for the page's two studies is on the page as printed: losses, ranks,
-    Kendall's τ and the paired ProRes − Pre-LN in both."""
+    """Every table `prores compare` prints for the page's pairs of studies is on the page as printed: losses,
+    ranks, Kendall's τ and the paired ProRes − Pre-LN in both."""
     want = markdown_tables(comparison(page))
-    assert len(want) == 3
+    assert len(want) == 3 * len(COMPARED[page])
     quoted = markdown_tables((ROOT / "docs" / page).read_text())
     assert [t for t in want if t not in quoted] == []
 
@@ -329,17 +332,18 @@ def reference_quantities() -> list[tuple[str, float]]:
     from prores.study.compare import finite_seeds
     from prores.study.intervals import interval
 
-    default, ref = losses("cpu_horizon"), losses("cpu_horizon_reference")
+    default, ref, emb = losses("cpu_horizon"), losses("cpu_horizon_reference"), losses("cpu_horizon_embedding")
     pro, pre = "Pre-LN + ProRes", "Pre-LN"
 
-    def seeds(d):
-        return finite_seeds(default[d, pro], default[d, pre], ref[d, pro], ref[d, pre])
+    def seeds(d, first=default, second=ref):
+        return finite_seeds(first[d, pro], first[d, pre], second[d, pro], second[d, pre])
 
-    def paired(study, d):
-        return interval([study[d, pro][s] - study[d, pre][s] for s in seeds(d)])
+    def paired(study, d, other=None):  # over the seeds of the comparison it is quoted from
+        return interval([study[d, pro][s] - study[d, pre][s] for s in seeds(d, default, other or ref)])
 
-    def change(d):
-        return interval([ref[d, pro][s] - ref[d, pre][s] - default[d, pro][s] + default[d, pre][s] for s in seeds(d)])
+    def change(d, first=default, second=ref):
+        return interval([second[d, pro][s] - second[d, pre][s] - first[d, pro][s] + first[d, pre][s]
+                         for s in seeds(d, first, second)])
 
     def ends(iv, what):
         return [(f"{what}: low", iv.low), (f"{what}: high", iv.high)]
@@ -352,7 +356,13 @@ def reference_quantities() -> list[tuple[str, float]]:
             *ends(paired(ref, 120), "reference at 120"), *ends(change(48), "the change at 48"),
             *ends(change(120), "the change at 120"), ("default Pre-LN at 120", mean(default, 120, pre)),
             ("reference Pre-LN at 120", mean(ref, 120, pre)), ("default ProRes at 120", mean(default, 120, pro)),
-            ("reference ProRes at 120", mean(ref, 120, pro))]
+            ("reference ProRes at 120", mean(ref, 120, pro)),
+            *((f"embedding alone ProRes - Pre-LN at {d}", paired(emb, d, emb).mean) for d in (48, 120)),
+            *ends(change(48, default, emb), "embedding's change at 48"),
+            *ends(change(120, default, emb), "embedding's change at 120"),
+            ("embedding alone Pre-LN at 120", mean(emb, 120, pre)),
+            *((f"the rest's change at {d}", change(d, emb, ref).mean) for d in (48, 120)),
+            *ends(change(48, emb, ref), "the rest's change at 48"), *ends(change(120, emb, ref), "the rest's at 120")]
 
 
 def test_the_reference_pages_claims_are_the_rules_on_both_setups():
@@ -400,6 +410,8 @@ def test_every_figure_of_a_summary_is_the_quantity_it_names(page):
     ("results/cpu-horizon.md", "(1.7449, 1.7251", "(1.7449, 1.7068", "LayerScale at 48"),
     ("results/cpu-depth.md", "+0.132, +0.153", "+0.153, +0.132", "Pre-LN - ProRes at 48"),
     ("results/paper-setup.md", "from 1.8307 to 1.7148", "from 1.7148 to 1.8307", "default Pre-LN at 120"),
+    ("results/paper-setup.md", "(+0.0277 to +0.0739, and +0.0652 to +0.1184)", "(+0.0652 to +0.1184, and +0.0277 to"
+     " +0.0739)", "embedding's change at 48"),
     ("results/zoo.md", "Mix-LN (2.3772 ± 0.0003), CompleteP (2.3970 ± 0.0177)",
      "Mix-LN (2.3970 ± 0.0177), CompleteP (2.3772 ± 0.0003)", "Mix-LN off at 48"),
 ])

@@ -253,6 +253,20 @@ def test_the_readme_findings_are_the_studies_numbers():
                                     if (r["model.num_layers"], r["method"]) == ("120", method))
         return at(horizon) - at(reference)
     assert fall("Pre-LN") > 2 * fall("Pre-LN + ProRes") > 0 and "mostly because Pre-LN trains better there" in text
+    embedding = list(csv.DictReader((ROOT / "docs" / "cpu_horizon_embedding_results.csv").open()))
+
+    def change(d):  # ProRes − Pre-LN with the embedding's init alone minus under the defaults, paired by seed
+        def gap(rows):
+            loss = {(r["method"], r["seed"]): float(r["final_valid_loss"]) for r in rows
+                    if r["model.num_layers"] == str(d) and r["status"] == "completed"}
+            return {s: loss["Pre-LN + ProRes", s] - loss["Pre-LN", s] for m, s in loss if m == "Pre-LN"}
+        first, second = gap(horizon), gap(embedding)
+        return [second[s] - first[s] for s in second]
+    for d in (48, 120):
+        moved = change(d)
+        half = stats.t.ppf(0.975, len(moved) - 1) * statistics.stdev(moved) / len(moved) ** 0.5
+        assert len(moved) == 3 and statistics.fmean(moved) - half > 0, (d, moved)
+    assert "the paper's embedding init alone is shown to move ProRes's lead at 48 and 120 blocks" in text
 
 
 def test_the_pages_say_the_gpu_paths_are_untested_until_the_check_has_run():
