@@ -7,7 +7,7 @@ import torch
 
 from prores.config import load_config
 from prores.model.block import Block
-from prores.model.block_compile import _trace_tp_group_lookup
+from prores.model.block_compile import _trace_tp_group_lookup, compile_block
 from prores.model.prores import ProRes
 
 
@@ -67,3 +67,28 @@ def test_the_layer_statistics_stay_out_of_the_compiled_block(world_of_one):
         assert sorted(diagnostics._forward) == ([1, 2, 3, 4] if step % 2 else [])
     counters = torch._dynamo.utils.counters
     assert (counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())) == (1, 0)
+
+
+def test_a_compiled_block_takes_the_rotary_tables_as_an_input(world_of_one):
+    """Traced, the rotary tables' cosines and sines were computed in every block's forward and backward (18% of
+    a 48-block step): with the cache filled outside the trace, the block's graph holds no cos or sin, and the
+    tables it multiplies by are the cached ones."""
+    from prores.model import attention
+
+    torch._dynamo.reset()
+    attention._ROPE_TABLES.clear()
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    b = block("pre")
+    compile_block(b, backend=record)
+    x = torch.randn(16, 2, 64, requires_grad=True)
+    y = b(x)
+    ops = {n.target for g in graphs for n in g.graph.nodes}
+    assert len(graphs) == 1 and torch.nn.functional.scaled_dot_product_attention in ops
+    assert not ops & {torch.cos, torch.sin, torch.Tensor.cos, torch.Tensor.sin}, ops
+    assert list(attention._ROPE_TABLES) == [(16, 16, 10000.0, torch.float32, torch.device("cpu"))]
+    assert torch.equal(y, block("pre")(x))  # the same block, eager

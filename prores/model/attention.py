@@ -14,7 +14,6 @@ Two small pieces of our own, both plugged in without patching Megatron:
 
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import torch
@@ -87,6 +86,7 @@ class SDPACoreAttention(nn.Module):
         self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
         self.softmax_scale = softmax_scale
         self.rope_base = rope_base  # None: no rotary embedding
+        self.head_dim = config.kv_channels
         self.v_norm = None if v_norm is None else build_module(v_norm, hidden_size=config.kv_channels,
                                                                config=config, eps=config.layernorm_epsilon)
 
@@ -95,7 +95,7 @@ class SDPACoreAttention(nn.Module):
         if self.v_norm is not None:
             value = self.v_norm(value)
         if self.rope_base is not None:
-            cos, sin = rope_tables(query.shape[0], query.shape[-1], self.rope_base, query.dtype, query.device)
+            cos, sin = self.rope(query.shape[0], query.dtype, query.device)
             query, key = rotate(query, cos, sin), rotate(key, cos, sin)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # -> [b, n, s, d]
         out = F.scaled_dot_product_attention(
@@ -105,13 +105,34 @@ class SDPACoreAttention(nn.Module):
         s, b = out.shape[2], out.shape[0]
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)
 
+    def rope(self, seq_length: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary tables of a sequence of ``seq_length`` at ``dtype`` on ``device``."""
+        return rope_tables(seq_length, self.head_dim, self.rope_base, dtype, device)
 
-@functools.lru_cache(maxsize=32)
+
+# A plain dict, not functools.lru_cache: Dynamo ignores lru_cache and traces the function, so a compiled block
+# (kernels.backend=block) recomputed the tables' cosines and sines in every block's forward and backward (18%
+# of the step at 48 blocks); a hit in a dict is a graph input. prores.model.block_compile fills it before the
+# trace.
+_ROPE_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
 def rope_tables(seq_length: int, head_dim: int, base: float, dtype: torch.dtype,
                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """``(cos, sin)`` for the half-split convention, [s, 1, 1, head_dim] at the activations' dtype, from fp32
     angles as Megatron's: the cosine and sine are taken in fp32, then cast. The sine's first half is negated,
-    so that :func:`rotate` needs no negation of its own."""
+    so that :func:`rotate` needs no negation of its own. Computed once per key."""
+    key = (seq_length, head_dim, base, dtype, device)
+    if key in _ROPE_TABLES:
+        return _ROPE_TABLES[key]
+    tables = _rope_tables(seq_length, head_dim, base, dtype, device)
+    if not torch.compiler.is_compiling():  # a store while tracing would change the guarded dict: a recompile
+        _ROPE_TABLES[key] = tables
+    return tables
+
+
+def _rope_tables(seq_length: int, head_dim: int, base: float, dtype: torch.dtype,
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
     angles = torch.outer(torch.arange(seq_length, dtype=torch.float64), inv_freq).float()
     cos, sin = torch.cos(angles), torch.sin(angles)
