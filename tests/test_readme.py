@@ -65,6 +65,8 @@ KEPT_PRINTOUTS = [
     ("docs/results/cpu-depth.md", "bash benchmarks/study_time.sh > docs/study_time.txt", "study_time.txt"),
     ("docs/speed.md", "python benchmarks/profile_step.py > docs/profile_step.txt\npython benchmarks/profile_step.py"
      " --backends block --set optim.implementation=fused >> docs/profile_step.txt", "profile_step.txt"),
+    ("docs/speed.md", "BACKENDS=\"eager block\" bash benchmarks/study_time.sh > docs/study_time_block.txt",
+     "study_time_block.txt"),
     ("docs/speed.md", "for L in 48 120; do python benchmarks/speedup.py --set model.num_layers=$L --set"
      " prores.schedule=linear | tail -n 2; done > docs/speedup.txt", "speedup.txt"),
     ("docs/speed.md", "for L in 48 120; do python benchmarks/peer.py --set model.num_layers=$L --set prores.schedule=linear"
@@ -111,6 +113,9 @@ def test_the_speed_pages_verdicts_are_the_kept_printouts():
     assert met_at(eager, 1.3) == met_at(fast, 1.3)
     assert (f"**The goal, 1.3x the HF step, {met_at(eager, 1.3)}**, eager or compiled: prores / HF is {peer[0][1]} and"
             f" {peer[1][1]} eager, {peer[2][1]} and {peer[3][1]} with each block compiled and fused AdamW.") in page
+    study = re.findall(r"longest first \(the runner's order\) ([\d.]+) h", (ROOT / "docs" / "study_time_block.txt").read_text())
+    assert len(study) == 2 and float(study[1]) < float(study[0])  # eager, then block
+    assert f"finishes the study sooner ({study[1]} h against {study[0]} h at `--jobs 2`)" in page
 
 
 @pytest.mark.parametrize("page, command, kept", KEPT_PRINTOUTS)
