@@ -54,7 +54,7 @@ COMMON = ("model.num_layers=6", "model.hidden_size=64", "model.ffn_hidden_size=1
           "logging.progress_bar=false", f"data.eval.fixture={Path(__file__).parent / 'fixtures' / 'tiny_corpus.jsonl'}",
           # the layouts are compared on the plain-torch kernels: Inductor's start-up (~7 CPU-seconds a process, over
           # a hundred processes here) would be most of this file's time. The compiled kernels cross the machine in
-          # the "-compile" pair below, and tests/test_fused.py holds them to the reference formulas.
+          # the "-block" pair below, and tests/test_fused.py holds them to the reference formulas.
           "kernels.backend=eager")
 UNEVEN = ("parallel.pp=2", "parallel.stage_layers=[2, 4]")
 SATURATED_FROM = 6  # T·L: from this step every block runs the saturated path (alpha None, no multiply)
@@ -70,9 +70,9 @@ LAYOUTS = {
     # four micro-batches a step: the two stages overlap in DeepSpeed's 1F1B schedule (pp2 of the plain kind is
     # pp2-uneven, pp2-tied and these)
     "pp2-accum4": (torchrun(2), ("parallel.pp=2", "train.micro_batch_size=1", "train.grad_accum=4")),
-    # torch.compile's kernels (what kernels.backend=auto takes on a CPU with a C++ compiler) on TP × PP
-    "1x1x1-compile": (None, ("kernels.backend=compile",)),
-    "tp2pp2-compile": (torchrun(4), ("parallel.tp=2", "parallel.pp=2", "kernels.backend=compile")),
+    # each block compiled whole (what kernels.backend=auto takes on a CPU with a C++ compiler) on TP × PP
+    "1x1x1-block": (None, ("kernels.backend=block",)),
+    "tp2pp2-block": (torchrun(4), ("parallel.tp=2", "parallel.pp=2", "kernels.backend=block")),
     # blocks recomputed in the backward pass: the same numbers as without (bitwise, see RECOMPUTED)
     "tp2pp2-recompute": (torchrun(4), ("parallel.tp=2", "parallel.pp=2", "model.recompute=block")),
     "pp2-uneven": (torchrun(2), UNEVEN),
@@ -105,7 +105,7 @@ for method, (overrides, layouts) in ZOO.items():
     for name, launcher in layouts:
         LAYOUTS[f"{name}-{method}"] = (launcher, overrides + LAYOUTS[name][1])
 RECOMPUTED = {"tp2pp2-recompute": "tp2pp2"}
-BASELINE = {name: {"pp2-tied": "1x1x1-tied", "tp2pp2-compile": "1x1x1-compile"}
+BASELINE = {name: {"pp2-tied": "1x1x1-tied", "tp2pp2-block": "1x1x1-block"}
             .get(name, "1x1x1") for name in LAYOUTS}
 BASELINE |= {f"{name}-{method}": f"1x1x1-{method}" for method, (_, layouts) in ZOO.items() for name, _ in layouts}
 

@@ -17,7 +17,7 @@ its input except through eps), so one add+norm kernel serves post and deepnorm.
 Backends (``kernels.backend``): ``eager`` (plain torch, the reference),
 ``compile`` (the same formulas under Inductor), ``triton`` (fused GPU kernels), ``block`` (the eager
 formulas, each block compiled whole: :mod:`prores.model.block_compile`).
-``auto`` takes triton on CUDA, compile on CPU with a C++ compiler, else eager.
+``auto`` takes triton on CUDA, block on CPU with a C++ compiler, else eager.
 """
 
 from __future__ import annotations
@@ -105,7 +105,8 @@ def resolve_backend(requested: str, device: torch.device) -> tuple[str, str]:
         if device.type == "cuda" and have_triton:
             return "triton", "CUDA device and triton installed"
         if device.type == "cpu" and shutil.which(os.environ.get("CXX", "g++")):
-            return "compile", "CPU with a C++ compiler for Inductor"
+            # each block compiled whole trains the CPU study soonest, compilation included (docs/study_time.txt)
+            return "block", "CPU with a C++ compiler for Inductor: each block compiled whole"
         return "eager", f"no triton for {device.type} and no C++ compiler for torch.compile"
     if requested == "triton":
         if not have_triton:
