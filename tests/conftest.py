@@ -8,6 +8,8 @@ import pytest
 
 from prores.parallel.rendezvous import free_port
 
+pytest_plugins = ["suite_time"]  # seconds per file and worker, after --durations
+
 warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
 
 # Triton kernels run on CPU tensors through the interpreter; must be set before triton is imported.
