@@ -85,7 +85,7 @@ def _cmd_sweep(args) -> int:
     if len(args.target) != 1:
         raise UsageError("usage: prores sweep SPEC.yaml [--runner local|slurm] ... or prores sweep status SWEEP_DIR")
     sweep_dir, cells = expand(args.target[0], args.root, processes=1 if args.runner == "local" else None,
-                              name=args.name)
+                              name=args.name, overrides=args.set)
     check_unchanged(sweep_dir, cells, args.target[0])
     chosen = select(cells, args.only)
     _warn_cells(chosen)
@@ -257,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default="runs", help="the sweep directory is ROOT/<sweep name> (default: runs)")
     p.add_argument("--name", default=None, help="the sweep's name (default: the spec's `name`, or its file name):"
                                                 " a new name starts a new sweep directory beside the others")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config key in every cell, after the spec's own settings (repeatable), e.g."
+                        " --set kernels.backend=eager; part of the cells, so a sweep started without it refuses it")
     p.add_argument("--only", action="append", default=[], metavar="KEY=VALUE[,VALUE...]",
                    help="run only the cells with these grid values (repeat: all must match), e.g. --only train.seed=3")
     p.add_argument("--dry-run", action="store_true", help="print what would run or be submitted; write and run"

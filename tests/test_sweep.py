@@ -21,6 +21,7 @@ from PIL import Image
 from tensorboard.backend.event_processing import event_accumulator
 
 from conftest import NO_SLURM, child_env, cli_command, need, run_cli, slurm_available
+from prores.config import load_config
 from prores.errors import UsageError
 from prores.study.runners import sbatch_commands
 from prores.monitor.tensorboard import read_scalars
@@ -136,6 +137,36 @@ def test_a_bad_spec_or_cell_is_one_error_and_nothing_starts(tmp_path, entries, m
     proc = run_cli("sweep", path, "--root", str(tmp_path / "runs"), timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and message in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_set_on_the_command_line_overrides_every_cell_after_the_spec(tmp_path):
+    """`prores sweep SPEC --set KEY=VALUE`: last in every cell's overrides, so it wins over `set:` and a
+    `where` rule alike; the cells keep their names."""
+    path = spec(tmp_path, grid={"model.num_layers": [2, 3]},
+                where=[{"when": {"model.num_layers": 3}, "set": {"optim.lr": 0.5}}])
+    _, plain = expand(path)
+    _, cells = expand(path, overrides=["optim.lr=0.25", "kernels.backend=block"])
+    assert [c.name for c in cells] == [c.name for c in plain] == ["L002", "L003"]
+    for was, now in zip(plain, cells):
+        assert now.overrides == was.overrides + ["optim.lr=0.25", "kernels.backend=block"]
+        cfg = load_config(now.base, tuple(now.overrides))
+        assert (cfg.optim.lr, cfg.kernels.backend) == (0.25, "block")
+    assert load_config(plain[1].base, tuple(plain[1].overrides)).optim.lr == 0.5
+
+
+@pytest.mark.parametrize("override,message", [
+    ("model.num_layers=4", "the spec's 'model.num_layers' sets model.num_layers to tell its cells apart"),
+    ("model.norm_layout=pre", "the spec's 'method' sets model.norm_layout to tell its cells apart"),
+    ("train.seed=3", "the spec's 'seeds' sets train.seed to tell its cells apart"),
+    ("@paper-setup", "give KEY=VALUE (a preset goes in the spec's presets: list)"),
+    ("kernels.backend", "give KEY=VALUE"),
+])
+def test_set_refuses_a_key_that_tells_the_cells_apart(tmp_path, override, message):
+    path = spec(tmp_path, grid={"model.num_layers": [2, 3], "method": {"A": {}, "B": {"model.norm_layout": "post"}}},
+                seeds=[1])
+    with pytest.raises(SpecError) as err:
+        expand(path, overrides=[override])
+    assert str(err.value).startswith(f"--set {override!r}: ") and message in str(err.value)
 
 
 def test_a_bad_cell_names_the_config_problem(tmp_path):
@@ -354,6 +385,11 @@ def test_a_dry_run_writes_nothing_and_a_changed_spec_is_refused(local_sweep, tmp
     fresh = sweep_cli(path, "--root", str(tmp_path / "elsewhere"), "--dry-run")
     assert fresh.returncode == 0 and fresh.stdout.count("prores train tiny.yaml") == 4
     assert not (tmp_path / "elsewhere").exists()  # not even a directory
+    # --set is part of the cells: the finished sweep, started without it, refuses it too
+    proc = sweep_cli(path, "--root", str(sweep_dir.parent), "--set", "kernels.backend=block", "--dry-run")
+    assert proc.returncode == 2 and "(changed: L002-linear-s1, L002-none-s1, L003-linear-s1, L003-none-s1)" in proc.stderr
+    with_set = sweep_cli(path, "--root", str(tmp_path / "elsewhere"), "--set", "kernels.backend=block", "--dry-run")
+    assert with_set.returncode == 0 and with_set.stdout.count(" --set kernels.backend=block --run-dir ") == 4
     changed = spec(tmp, "four", grid={"model.num_layers": [2, 4], "prores.schedule": ["linear", "none"]}, seeds=[1],
                    where=[{"when": {"model.num_layers": 3, "prores.schedule": "none"}, "set": {"optim.lr": 1.0e30}}])
     for extra in ((), ("--dry-run",)):
@@ -362,7 +398,7 @@ def test_a_dry_run_writes_nothing_and_a_changed_spec_is_refused(local_sweep, tmp
         assert proc.stderr.strip().splitlines() == [
             f"prores: error: {sweep_dir} holds another sweep than {changed} now describes (cells added:"
             f" L004-linear-s1, L004-none-s1; removed: L003-linear-s1, L003-none-s1): run the spec it was started"
-            " from, or start a new sweep beside it with --name NAME."]
+            " from (with its --set, if any), or start a new sweep beside it with --name NAME."]
     assert (sweep_dir / "cells.jsonl").read_bytes() == before
     other = sweep_cli(changed, "--root", str(sweep_dir.parent), "--name", "four-deeper", "--dry-run")
     assert other.returncode == 0 and f"{sweep_dir.parent / 'four-deeper'}" in other.stdout

@@ -39,7 +39,7 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import yaml
 
@@ -179,12 +179,14 @@ def spec_path(spec: str) -> Path:
 
 
 def expand(spec_file: str, root: str = "runs", processes: Optional[int] = None,
-           name: Optional[str] = None) -> tuple[Path, list[Cell]]:
+           name: Optional[str] = None, overrides: Sequence[str] = ()) -> tuple[Path, list[Cell]]:
     """The sweep's directory and its validated cells. ``processes``: the world size each cell gets (the
     local runner: 1), checked against the cell's tp × pp; None: taken from its Slurm resources. ``name``
-    replaces the spec's (a new sweep directory)."""
+    replaces the spec's (a new sweep directory). ``overrides``: ``KEY=VALUE`` for every cell, after all of
+    the spec's (the command line's ``--set``)."""
     path = spec_path(spec_file)
     spec = _read(path)
+    extra = _every_cell(spec, overrides)
     name = name or spec.get("name") or path.stem
     sweep_dir = Path(root).absolute() / name
     grid = spec.get("grid") or {}
@@ -203,13 +205,33 @@ def expand(spec_file: str, root: str = "runs", processes: Optional[int] = None,
         for seed in [] if skip else seeds or [None]:
             cell_values = values | ({} if seed is None else {"train.seed": seed})
             cell_settings = settings | ({} if seed is None else {"train.seed": seed})
-            cells.append(_cell(path, len(cells), sweep_dir, spec, cell_values, cell_settings, slurm, processes))
+            cells.append(_cell(path, len(cells), sweep_dir, spec, cell_values, cell_settings, extra, slurm,
+                               processes))
     names = [c.name for c in cells]
     clashes = sorted({n for n in names if names.count(n) > 1})
     if clashes:
         raise SpecError(f"{path}: cells would share the run directories {', '.join(clashes)}; give the grid values"
                         " that differ only in punctuation distinct names.")
     return sweep_dir, cells
+
+
+def _every_cell(spec: dict, overrides: Sequence[str]) -> list[str]:
+    """The command line's ``--set KEY=VALUE`` for every cell, refused for a key that tells the cells apart (a
+    grid key, one a named axis sets, the seed): the cells' names would say one thing and their configs another."""
+    grid = spec.get("grid") or {}
+    apart = {key: key for key, values in grid.items() if not isinstance(values, dict)}
+    apart |= {k: axis for axis, values in grid.items() if isinstance(values, dict) for v in values.values()
+              for k in v or {}}
+    if spec.get("seeds") or any(r.get("seeds") for r in spec.get("where") or []):
+        apart["train.seed"] = "seeds"
+    for override in overrides:
+        key, eq, _ = override.partition("=")
+        if not eq or not key or key.startswith("@"):
+            raise SpecError(f"--set {override!r}: give KEY=VALUE (a preset goes in the spec's presets: list).")
+        if key.strip() in apart:
+            raise SpecError(f"--set {override!r}: the spec's {apart[key.strip()]!r} sets {key.strip()} to tell its"
+                            " cells apart; choose among them with --only, or change the spec.")
+    return list(overrides)
 
 
 def check_unchanged(sweep_dir: Path, cells: list[Cell], spec_file: str) -> None:
@@ -227,7 +249,7 @@ def check_unchanged(sweep_dir: Path, cells: list[Cell], spec_file: str) -> None:
              (("cells added", added), ("removed", removed), ("changed", changed)) if names]
     difference = "; ".join(parts) or "the same cells in another order"
     raise SpecError(f"{sweep_dir} holds another sweep than {spec_file} now describes ({difference}): run the spec"
-                    " it was started from, or start a new sweep beside it with --name NAME.")
+                    " it was started from (with its --set, if any), or start a new sweep beside it with --name NAME.")
 
 
 def _same(a: Cell, b: Cell) -> bool:
@@ -238,11 +260,13 @@ def _same(a: Cell, b: Cell) -> bool:
     return key(a) == key(b)
 
 
-def _cell(path: Path, index: int, sweep_dir: Path, spec: dict, values: dict, settings: dict, slurm: dict,
-          processes: Optional[int]) -> Cell:
-    """One validated cell: its name from its grid values, its overrides from the spec's settings."""
+def _cell(path: Path, index: int, sweep_dir: Path, spec: dict, values: dict, settings: dict, extra: list[str],
+          slurm: dict, processes: Optional[int]) -> Cell:
+    """One validated cell: its name from its grid values, its overrides from the spec's settings, then
+    ``extra`` (the command line's)."""
     cell_name = "-".join(_token(k, v) for k, v in values.items()) or "cell"
-    overrides = [f"@{p}" for p in spec.get("presets") or []] + [f"{k}={yaml_value(v)}" for k, v in settings.items()]
+    overrides = ([f"@{p}" for p in spec.get("presets") or []] + [f"{k}={yaml_value(v)}" for k, v in settings.items()]
+                 + extra)
     cell = Cell(index, cell_name, str(sweep_dir / cell_name), str(spec["base"]), overrides, values, slurm,
                 spec.get("eval") or {})
     try:
