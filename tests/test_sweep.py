@@ -5,6 +5,8 @@ import fcntl
 import json
 import math
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -92,6 +94,20 @@ def test_the_packaged_cpu_studies_validate_every_cell(tmp_path):
     assert {"model.depth_mup_alpha=1", "prores.schedule=linear", "train.steps=150"} <= set(cell.overrides)
     _, dyt = expand("cpu-zoo-dyt.yaml", root=str(tmp_path))
     assert [c.name for c in dyt] == ["a0_1_lr_1.5e_3-s1", "a0_2_lr_1.5e_3-s1", "a0_0.5_lr_5e_4-s1", "a0_0.5_lr_4e_3-s1"]
+
+
+def test_the_depth_pages_command_trains_the_kept_cells_on_eager_kernels(tmp_path):
+    """docs/results/cpu-depth.md's command for training its kept results again: every cell on eager kernels,
+    where the spec alone takes `auto` (block on a CPU with a C++ compiler)."""
+    page = (ROOT / "docs" / "results" / "cpu-depth.md").read_text()
+    command = re.search(r"`(prores sweep cpu-depth\.yaml [^`]*--set kernels\.backend=eager)` trains as they were",
+                        page).group(1)
+    proc = run_cli(*shlex.split(command)[1:], "--root", str(tmp_path), "--dry-run", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    trains = [line for line in proc.stdout.splitlines() if line.startswith("prores train ")]
+    _, cells = expand("cpu-depth.yaml")
+    assert len(trains) == len(cells) and all(" --set kernels.backend=eager --run-dir " in t for t in trains)
+    assert load_config(cells[0].base, tuple(cells[0].overrides)).kernels.backend == "auto"
 
 
 def test_one_sbatch_array_per_resource_group(tmp_path):
