@@ -78,7 +78,8 @@ def main() -> None:
         painter.resume()
     on, off = (statistics.median(times[m]) for m in ("on", "off"))
     on_label = "every monitor on" + (f" but {', '.join(args.without)}" if args.without else "")
-    print(f"layers={cfg.model.num_layers} tokens/step={trainer.tokens_per_step} stats_interval={INTERVAL},"
+    print(f"layers={cfg.model.num_layers} tokens/step={trainer.tokens_per_step} kernels={trainer.backend}"
+          f" stats_interval={INTERVAL},"
           f" an evaluation and a heatmap refresh every {cfg.train.eval_interval} steps, on {machine()}")
     spread = Spread.of(times["on"][:len(times["off"])], times["off"])  # an on block and the off block after it
     print(f"median time of {INTERVAL} steps: {on_label} {on * 1e3:.0f} ms, all off {off * 1e3:.0f} ms,"

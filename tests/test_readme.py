@@ -162,6 +162,18 @@ def test_the_readmes_speed_figures_are_the_kept_printouts():
     assert f"Without its monitors the step's tokens/s change by {gains[0]} and {gains[1]}" in " ".join(readme.split())
     reduce_ms = re.findall(r"ReduceGrads ([\d.]+)", overhead)
     assert f"takes {reduce_ms[0]} and {reduce_ms[1]} ms a step" in " ".join(readme.split())
+    ours = re.findall(r"prores / bare = ([\d.]+) \(([\d.]+) to", overhead)
+    assert (f"the medians are {ours[0][0]} and {ours[1][0]} and the lower ends {ours[0][1]} and {ours[1][1]}"
+            in " ".join(readme.split()))
+    engine = re.findall(r"without monitors / bare = ([\d.]+ \(([\d.]+) to [\d.]+\))", overhead)
+    clears = {True: "the engine alone clears the goal at both depths"}.get(all(float(lo) >= 0.95 for _, lo in engine),
+                                                                          "the engine alone does not clear it")
+    assert (f"{clears}: without monitors / bare is {engine[0][0]} and {engine[1][0]}"
+            in " ".join(readme.split()))
+    forward = re.findall(r"ForwardPass ([\d.]+)", overhead)
+    bare_forward = re.findall(r"bare loop: forward ([\d.]+)", overhead)
+    assert (f"ForwardPass takes {forward[0]} and {forward[1]} ms a step against the bare loop's {bare_forward[0]} and"
+            f" {bare_forward[1]}") in " ".join(readme.split())
 
 
 
