@@ -166,8 +166,8 @@ def test_the_readmes_speed_figures_are_the_kept_printouts():
     assert (f"the medians are {ours[0][0]} and {ours[1][0]} and the lower ends {ours[0][1]} and {ours[1][1]}"
             in " ".join(readme.split()))
     engine = re.findall(r"without monitors / bare = ([\d.]+ \(([\d.]+) to [\d.]+\))", overhead)
-    clears = {True: "the engine alone clears the goal at both depths"}.get(all(float(lo) >= 0.95 for _, lo in engine),
-                                                                          "the engine alone does not clear it")
+    clears = ("the engine alone clears the goal at both depths" if all(float(lo) >= 0.95 for _, lo in engine)
+              else "the engine alone does not clear it")
     assert (f"{clears}: without monitors / bare is {engine[0][0]} and {engine[1][0]}"
             in " ".join(readme.split()))
     forward = re.findall(r"ForwardPass ([\d.]+)", overhead)

@@ -226,11 +226,12 @@ def _every_cell(spec: dict, overrides: Sequence[str]) -> list[str]:
         apart["train.seed"] = "seeds"
     for override in overrides:
         key, eq, _ = override.partition("=")
+        key = key.strip()
         if not eq or not key or key.startswith("@"):
             raise SpecError(f"--set {override!r}: give KEY=VALUE (a preset goes in the spec's presets: list).")
-        if key.strip() in apart:
-            raise SpecError(f"--set {override!r}: the spec's {apart[key.strip()]!r} sets {key.strip()} to tell its"
-                            " cells apart; choose among them with --only, or change the spec.")
+        if key in apart:
+            raise SpecError(f"--set {override!r}: the spec's {apart[key]!r} sets {key} to tell its cells apart;"
+                            " choose among them with --only, or change the spec.")
     return list(overrides)
 
 
