@@ -55,6 +55,8 @@ class LayerDiagnostics(Callback):
     def on_start(self, trainer) -> None:
         self.pieces = owned_pieces(trainer.module)
         self.blocks = dict(sorted(trainer.blocks.items()))
+        self.params = [list(b.parameters()) for b in self.blocks.values()]  # a group a block
+        self.before = None  # the weights before a stats step's update, for ||Δw||
         self.handles = [b.register_forward_hook(self._hook(layer)) for layer, b in self.blocks.items()]
         self.dp_group = parallel_state.get_data_parallel_group()
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
@@ -74,11 +76,17 @@ class LayerDiagnostics(Callback):
 
         return hook
 
+    def _weights(self) -> list[torch.Tensor]:
+        return [p.detach() for params in self.params for p in params]
+
     def pre_step(self, trainer, step: int) -> None:
         self.active = step % trainer.cfg.logging.stats_interval == 0
         self.grad_sq = None
-        if self.active:  # the weights before the update, for ||Δw||
-            self.before = {id(p): p.detach().clone() for b in self.blocks.values() for p in b.parameters()}
+        if self.active:  # kept from one stats step to the next: fresh copies of hundreds of tensors cost more
+            if self.before is None:
+                self.before = [w.clone() for w in self._weights()]
+            else:
+                torch._foreach_copy_(self.before, self._weights())
 
     def pre_update(self, trainer, step: int) -> None:
         if self.active:
@@ -98,11 +106,11 @@ class LayerDiagnostics(Callback):
             mean = (forward[:, :2] / forward[:, 2:]).cpu()
             writer.layer_scalars("layers/act_rms", dict(zip(self.blocks, mean[:, 0].sqrt().tolist())), step)
             writer.layer_scalars("layers/cos_in_out", dict(zip(self.blocks, mean[:, 1].tolist())), step)
-            params = [list(b.parameters()) for b in self.blocks.values()]
-            delta = grouped_sq_norms(params, lambda p: p.detach() - self.before[id(p)], tp_rank, [self.tp_group],
+            torch._foreach_sub_(self.before, self._weights())  # before - after: -Δw, in place
+            minus_delta = dict(zip((id(p) for params in self.params for p in params), self.before))
+            delta = grouped_sq_norms(self.params, lambda p: minus_delta[id(p)], tp_rank, [self.tp_group],
                                      trainer.device)
-            weight = grouped_sq_norms(params, lambda p: p, tp_rank, [self.tp_group], trainer.device)
-            self.before = {}
+            weight = grouped_sq_norms(self.params, lambda p: p, tp_rank, [self.tp_group], trainer.device)
             writer.layer_scalars("layers/update_ratio", dict(zip(self.blocks, (delta / weight).sqrt().tolist())), step)
             gains = {l: torch.cat([g.detach().float().abs().flatten() for g in b.gains()]).mean()
                      for l, b in self.blocks.items() if b.gains()}
