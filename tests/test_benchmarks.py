@@ -34,7 +34,7 @@ SMOKE = {
                 rf"prores / HF = {NUMBER} \({NUMBER} to {NUMBER}\)"),
     "profile_step.py": (["--depths", "2", "--backends", "eager", "block", "--steps", "1", "--warmup", "1",
                          "--config", "tiny.yaml", *SETS[:-2]],
-                        rf"2 blocks, kernels block: step {NUMBER}; matmul {NUMBER} \({NUMBER}%\)"),
+                        rf"2 blocks, kernels block: step {NUMBER} \(profiled {NUMBER}\); matmul {NUMBER} \({NUMBER}%\)"),
     "preprocess.py": (["--mb", "0.1"], rf"MB/s: 1 worker {NUMBER}, 2 workers {NUMBER}, ratio {NUMBER}"),
     "reshard.py": (["--widths", "32", "--set", "model.num_heads=2", "--set", "model.seq_length=16"],
                    rf"^\s+32\s+[\d,]+\s+{NUMBER}"),

@@ -118,6 +118,21 @@ def test_the_speed_pages_verdicts_are_the_kept_printouts():
     assert f"finishes the study sooner ({study[1]} h against {study[0]} h at `--jobs 2`)" in page
 
 
+def test_the_kept_split_is_of_the_unprofiled_step():
+    """docs/profile_step.txt: the rest is the unprofiled step less the matmuls and attention, and every share is of
+    that step (docs/speed.md says the profiler's own cost is kept out of the rest)."""
+    num = r"([\d.]+)"
+    lines = re.findall(rf"^\d+ blocks, kernels \w+: step {num} \(profiled {num}\); matmul {num} \((\d+)%\), attention"
+                       rf" {num} \((\d+)%\), rest {num} \((\d+)%\); matmul \+ attention (\d+)%$",
+                       (ROOT / "docs" / "profile_step.txt").read_text(), re.M)
+    assert len(lines) == 6
+    for step, _, mm, mm_pct, attn, attn_pct, rest, rest_pct, both_pct in lines:
+        step, mm, attn, rest = (float(x) for x in (step, mm, attn, rest))
+        assert abs(step - mm - attn - rest) <= 0.15  # each printed to 0.1 ms
+        for value, pct in ((mm, mm_pct), (attn, attn_pct), (rest, rest_pct), (mm + attn, both_pct)):
+            assert abs(100 * value / step - int(pct)) <= 0.5 + 100 * 0.15 / step
+
+
 @pytest.mark.parametrize("page, command, kept", KEPT_PRINTOUTS)
 def test_the_manual_quotes_each_benchmark_as_kept_in_docs(page, command, kept):
     """The printout under the command on the page is the file the command wrote, kept in docs/."""
