@@ -85,7 +85,8 @@ def main() -> None:
     for depth in args.depths:
         for backend in args.backends:
             cmd = [sys.executable, __file__, "--one", str(depth), backend, "--steps", str(args.steps),
-                   "--warmup", str(args.warmup), "--windows", str(args.windows), "--config", args.config, *[a for s in args.set for a in ("--set", s)]]
+                   "--warmup", str(args.warmup), "--windows", str(args.windows), "--config", args.config,
+                   *[a for s in args.set for a in ("--set", s)]]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode:
                 print(f"{depth} blocks, kernels {backend}: failed\n{proc.stderr[-2000:]}")
