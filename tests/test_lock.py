@@ -341,10 +341,10 @@ def test_stress_exactly_one_holder_at_every_instant(tmp_path):
 
 
 def test_a_lapsed_holder_writes_nothing_after_the_takeover(tmp_path):
-    """A trainer (tests/lapsed_holder.py: a 2 s lease, posing as another host) is stopped (SIGSTOP) past its lease
-    after its first checkpoint; a taker takes the lock over meanwhile. Continued, the lapsed trainer exits 75
-    with one line, and not a byte of the run directory changed after the takeover (no checkpoint, no summary,
-    no events, no progress)."""
+    """A trainer (tests/lapsed_holder.py: a 2 s lease, posing as another host) stops itself (SIGSTOP) in its first
+    checkpoint, between the manifest and ``latest``, and stays stopped past its lease; a taker takes the lock over
+    meanwhile. Continued, the lapsed trainer exits 75 with one line, and not a byte of the run directory changed
+    after the takeover (no ``latest``, no pruning, no summary, no events, no progress)."""
     import signal
 
     run = tmp_path / "run"
@@ -355,10 +355,11 @@ def test_a_lapsed_holder_writes_nothing_after_the_takeover(tmp_path):
     taker = RunLock(run, lease=2.0, heartbeat=0.2)
     try:
         deadline = time.monotonic() + 300
-        while not (run / "checkpoints" / "global_step20" / "manifest.json").exists():
+        while not os.WIFSTOPPED(os.waitpid(holder.pid, os.WNOHANG | os.WUNTRACED)[1]):
             assert holder.poll() is None and time.monotonic() < deadline, (tmp_path / "holder.log").read_text()
             time.sleep(0.05)
-        holder.send_signal(signal.SIGSTOP)
+        assert (run / "checkpoints" / "global_step20" / "manifest.json").exists()
+        assert not (run / "checkpoints" / "latest").exists()
         taker.acquire()  # waits out the stopped holder's lease, then takes the lock over
         before = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in run.rglob("*") if p.is_file() and p.name != LOCK}
         holder.send_signal(signal.SIGCONT)
@@ -372,3 +373,22 @@ def test_a_lapsed_holder_writes_nothing_after_the_takeover(tmp_path):
     finally:
         holder.kill()
         taker.release()
+
+
+def test_a_lapsed_holder_publishes_and_prunes_nothing(tmp_path):
+    """The two writes :meth:`Checkpoints.save` makes as the lock's holder ask ``held`` just before they act: a
+    publish by rename leaves neither the file nor its temporary, and retention removes no directory."""
+    from prores.run.checkpoint import Checkpoints
+    from prores.run.files import write_atomic
+
+    assert not write_atomic(tmp_path / "latest", "global_step4", held=lambda: False)
+    assert list(tmp_path.iterdir()) == []
+    assert write_atomic(tmp_path / "latest", "global_step4", held=lambda: True)
+    assert (tmp_path / "latest").read_text() == "global_step4"
+    for step in (2, 4, 6):
+        (tmp_path / "checkpoints" / f"global_step{step}").mkdir(parents=True)
+    Checkpoints(tmp_path, keep_last=1, held=lambda: False)._prune(keep=6)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["global_step2", "global_step4",
+                                                                            "global_step6"]
+    Checkpoints(tmp_path, keep_last=1)._prune(keep=6)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["global_step6"]

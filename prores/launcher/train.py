@@ -37,7 +37,7 @@ from prores.parallel.grad_norm import count_parameters
 from prores.parallel.topology import TIMEOUT_S, run_device
 from prores.parallel.reshard import load_on_other_layout
 from prores.run import rng
-from prores.run.callbacks import Callback
+from prores.run.callbacks import Callback, exit_if_lapsed
 from prores.run.checkpoint import Checkpoints, Found
 from prores.run.lock import RunLock
 from prores.run.summary import SUMMARY, Summary
@@ -58,7 +58,8 @@ class Trainer:
         self.device = self.topo.device
         self.cfg = cfg = resolve_precision(cfg, self.device)[0]  # train() resolved it already, before preflight
         c = cfg.checkpoint
-        self.checkpoints = Checkpoints(self.run_dir, c.keep_last, c.keep_every, c.keep_steps)
+        self.checkpoints = Checkpoints(self.run_dir, c.keep_last, c.keep_every, c.keep_steps,
+                                       held=lambda: lock is None or not lock.lapsed())
         found = self._starting_point(resume, overwrite)
         tokenizer = load_tokenizer(cfg.data.tokenizer)
         self.data = build_data(cfg, self.run_dir, tokenizer, self.topo.dp_rank, self.topo.dp)
@@ -203,6 +204,7 @@ class Trainer:
         path = self.checkpoints.save(self.engine, self.step, client_state=client,
                                      meta={"world_size": t.world_size, "parallel": {"tp": t.tp, "pp": t.pp, "dp": t.dp},
                                            "config": self.cfg.to_dict()}, say=self.say)
+        exit_if_lapsed(self, self.step - 1)  # lapsed while saving: it published nothing, and writes nothing more
         if path is not None:
             self.call("post_checkpoint", self.step, path)
         return path

@@ -201,10 +201,15 @@ class StopWhenLapsed(KeepRunLock):
     step ends every rank before any callback writes anything of it (its scalars, a checkpoint due)."""
 
     def post_step(self, trainer, step: int, metrics: dict) -> None:
-        lock = getattr(trainer, "lock", None)
-        code = self.LAPSED if lock is not None and lock.lapsed() else 0
-        if (highest_on_any_rank(code, trainer.device) if trainer.topo.world_size > 1 else code):
-            exit_lapsed(trainer, step, lock.lost() if lock is not None else None)
+        exit_if_lapsed(trainer, step)
+
+
+def exit_if_lapsed(trainer, step: int) -> None:
+    """Every rank exits :data:`EXIT_LOST_LOCK` if rank 0's lock was taken over or lapsed (a collective)."""
+    lock = getattr(trainer, "lock", None)
+    code = 1 if lock is not None and lock.lapsed() else 0
+    if (highest_on_any_rank(code, trainer.device) if trainer.topo.world_size > 1 else code):
+        exit_lapsed(trainer, step, lock.lost() if lock is not None else None)
 
 
 def exit_lapsed(trainer, step: int, why: Optional[str]) -> None:

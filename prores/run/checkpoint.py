@@ -20,7 +20,7 @@ import shutil
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -117,9 +117,11 @@ class Checkpoints:
     """The checkpoints of one run directory (``RUN/checkpoints``). All methods except :meth:`exist`,
     :meth:`complete` and :meth:`newest_manifest` are collective."""
 
-    def __init__(self, run_dir: Path, keep_last: int = 0, keep_every: int = 0, keep_steps=()):
+    def __init__(self, run_dir: Path, keep_last: int = 0, keep_every: int = 0, keep_steps=(),
+                 held: Callable[[], bool] = lambda: True):
         self.root, self.keep_last, self.keep_every = run_dir / "checkpoints", keep_last, keep_every
         self.keep_steps = set(keep_steps)
+        self.held = held  # rank 0: still the run lock's holder? Asked before each publish and each removal
 
     def _tags(self) -> list[tuple[int, Path]]:
         """(step, dir) of every global_step{N} directory, newest first."""
@@ -147,7 +149,9 @@ class Checkpoints:
         return complete[-1] if complete else None
 
     def save(self, engine, step: int, client_state: dict, meta: dict, say=print) -> Optional[Path]:
-        """Write, then publish: the manifest and ``latest`` appear only after every rank is done. A save that
+        """Write, then publish: the manifest and ``latest`` appear only after every rank is done, and only while
+        rank 0 still holds the run lock (``held``); a save whose holder lapsed meanwhile publishes and prunes
+        nothing, and is None on every rank. A save that
         fails for want of space (or any other error of the file system) is removed again, said in one line
         (``say``, rank 0), and None returned: the previous checkpoints stay as they were, and the run goes on
         and tries again at the next interval. A rank that fails inside DeepSpeed's save (a full disk on some
@@ -169,12 +173,15 @@ class Checkpoints:
             self._not_saved(tag_dir, step, failed, say)
             return None
         sums = _checksums(tag_dir, _files(tag_dir))
+        published = {}
         if dist.get_rank() == 0:
-            write_atomic(tag_dir / MANIFEST, json.dumps({"step": step, **meta, "files": sums}, indent=1))
-            write_atomic(self.root / "latest", tag)
-            self._prune(keep=step)
-        dist.barrier()
-        return tag_dir
+            manifest = json.dumps({"step": step, **meta, "files": sums}, indent=1)
+            if write_atomic(tag_dir / MANIFEST, manifest, self.held) and write_atomic(self.root / "latest", tag,
+                                                                                       self.held):
+                self._prune(keep=step)
+            else:
+                published = {0: "lapsed"}
+        return None if _gather(published) else tag_dir  # the gather: also the barrier after publishing
 
     def _not_saved(self, tag_dir: Path, step: int, failed: dict, say) -> None:
         rank, why = min(failed.items())
@@ -201,6 +208,8 @@ class Checkpoints:
             if (step == keep or i < self.keep_last or step in self.keep_steps
                     or (self.keep_every and step % self.keep_every == 0)):
                 continue
+            if not self.held():  # another holder's checkpoints, maybe
+                return
             shutil.rmtree(path, ignore_errors=True)
 
     def newest_good(self, say) -> Optional[Found]:

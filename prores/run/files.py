@@ -4,18 +4,25 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable, Optional
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str, held: Optional[Callable[[], bool]] = None) -> bool:
     """Write a temporary beside ``path``, flush it to disk, then rename it over ``path`` (atomic on POSIX
-    file systems, NFS and Lustre included): a reader sees the old file or the new one, never a part."""
+    file systems, NFS and Lustre included): a reader sees the old file or the new one, never a part. With
+    ``held`` (a run lock's holder publishing), the rename happens only if ``held()`` is still true just before
+    it; else the temporary is removed and False returned: a holder that lapsed while it wrote publishes nothing."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w") as fh:
         fh.write(text)
         fh.flush()
         os.fsync(fh.fileno())
+    if held is not None and not held():
+        tmp.unlink(missing_ok=True)
+        return False
     os.replace(tmp, path)
+    return True
 
 
 class Careful:
