@@ -392,3 +392,27 @@ def test_a_lapsed_holder_publishes_and_prunes_nothing(tmp_path):
                                                                             "global_step6"]
     Checkpoints(tmp_path, keep_last=1)._prune(keep=6)
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["global_step6"]
+
+
+def test_a_lapsed_holder_hands_no_event_to_the_writer(tmp_path):
+    """RunWriter asks ``held`` before each scalar event, image and layout, whichever thread writes them (the
+    heatmaps' painter draws on its own, and may wake from a freeze mid-picture): once it is false, the event
+    file grows no more."""
+    import numpy as np
+
+    from prores.monitor.tensorboard import RunWriter
+
+    held = [True]
+    writer = RunWriter(tmp_path, 0, owns_loss=True, owns_layers=True, held=lambda: held[0])
+    writer.loss_scalars({"train/loss": 2.5}, 1)
+    writer.flush()
+    events = list(tmp_path.iterdir())
+    size = events[0].stat().st_size
+    held[0] = False
+    writer.loss_scalars({"train/loss": 2.0}, 2)
+    writer.layer_scalars("act_rms", {0: 1.0}, 2)
+    writer.image("heatmap", np.zeros((4, 4, 3), dtype=np.uint8), 2)
+    writer.layout(has_gains=False)
+    writer.close()
+    assert list(tmp_path.iterdir()) == events and events[0].stat().st_size == size
+    assert read_scalars(tmp_path) == {"train/loss": {1: 2.5}}

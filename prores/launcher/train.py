@@ -54,12 +54,13 @@ class Trainer:
                  callbacks: Optional[Sequence[Callback]] = None, lock: Optional[RunLock] = None):
         self.cfg, self.run_dir, self.stop_status, self.last_eval = cfg, Path(run_dir), None, {}
         self.lock = lock  # the run directory's, held by rank 0 (the run_lock callback watches it)
+        # asked before each checkpoint publish and each event: a holder that lapsed writes nothing more
+        self.held = lambda: lock is None or not lock.lapsed()
         self.topo = start_processes(cfg)
         self.device = self.topo.device
         self.cfg = cfg = resolve_precision(cfg, self.device)[0]  # train() resolved it already, before preflight
         c = cfg.checkpoint
-        self.checkpoints = Checkpoints(self.run_dir, c.keep_last, c.keep_every, c.keep_steps,
-                                       held=lambda: lock is None or not lock.lapsed())
+        self.checkpoints = Checkpoints(self.run_dir, c.keep_last, c.keep_every, c.keep_steps, held=self.held)
         found = self._starting_point(resume, overwrite)
         tokenizer = load_tokenizer(cfg.data.tokenizer)
         self.data = build_data(cfg, self.run_dir, tokenizer, self.topo.dp_rank, self.topo.dp)
@@ -73,7 +74,8 @@ class Trainer:
         self.tokens_per_step = cfg.train.global_batch(self.topo.dp) * cfg.model.seq_length
         if found is not None:
             self._resume(found)
-        self.writer = RunWriter(self.run_dir, self.topo.rank, self.topo.is_loss_writer, self.topo.is_stage_writer)
+        self.writer = RunWriter(self.run_dir, self.topo.rank, self.topo.is_loss_writer, self.topo.is_stage_writer,
+                                held=self.held)
         self.parameters = count_parameters(list(self.module.parameters()), self.topo.tp_rank,
                                            parallel_state.get_model_parallel_group())
 

@@ -46,10 +46,18 @@ class RunWriter:
     file (suffix ``.rankN``) and TensorBoard merges them. A stage writer also
     keeps the per-block series it wrote (``history[family][step][layer]``), for
     the heatmaps.
+
+    ``held`` (rank 0: still the run lock's holder?) is asked before each event is
+    handed to the writer's thread, whichever thread hands it (the heatmaps' painter
+    draws on its own): a holder frozen past its lease and continued writes no event
+    into a directory that may be another's now. The local writer thread writes each
+    event as it takes it, within milliseconds, so what it holds at a freeze is all
+    that can still reach the file.
     """
 
-    def __init__(self, run_dir: Path, rank: int, owns_loss: bool, owns_layers: bool):
-        self.owns_loss, self.owns_layers = owns_loss, owns_layers
+    def __init__(self, run_dir: Path, rank: int, owns_loss: bool, owns_layers: bool,
+                 held: Callable[[], bool] = lambda: True):
+        self.owns_loss, self.owns_layers, self.held = owns_loss, owns_layers, held
         self.history: dict[str, dict[int, dict[int, float]]] = {}
         self._writer = None
         if owns_loss or owns_layers:
@@ -61,7 +69,7 @@ class RunWriter:
     def scalars(self, values: Mapping[str, float], step: int) -> None:
         """All of ``values`` as one event (TensorBoard reads it as it reads one event a value): add_scalar's
         event a value costs ~50 µs of the step each, and a stats step writes hundreds of values."""
-        if self._writer is not None and values:
+        if self._writer is not None and values and self.held():
             from tensorboard.compat.proto.summary_pb2 import Summary
 
             summary = Summary(value=[Summary.Value(tag=tag, simple_value=float(v)) for tag, v in values.items()])
@@ -80,11 +88,11 @@ class RunWriter:
 
     def image(self, tag: str, rgb, step: int) -> None:
         """An [H, W, 3] uint8 image."""
-        if self._writer is not None:
+        if self._writer is not None and self.held():
             self._writer.add_image(tag, rgb, step, dataformats="HWC")
 
     def layout(self, has_gains: bool) -> None:
-        if self._writer is not None:
+        if self._writer is not None and self.held():
             self._writer.add_custom_scalars(custom_scalars_layout(has_gains))
 
     def flush(self) -> None:
