@@ -416,3 +416,20 @@ def test_a_lapsed_holder_hands_no_event_to_the_writer(tmp_path):
     writer.close()
     assert list(tmp_path.iterdir()) == events and events[0].stat().st_size == size
     assert read_scalars(tmp_path) == {"train/loss": {1: 2.5}}
+
+
+@pytest.mark.parametrize("held", [True, False])
+def test_a_watchdog_that_wakes_past_its_bound_after_its_lock_lapsed_writes_nothing(tmp_path, held):
+    """A rank stopped past its bound and its lock's lease wakes to find its step hung: while it holds the lock it
+    writes its stacks and its fault record and exits 124, and once the lock lapsed it writes nothing, says so
+    and exits 75."""
+    script = (f"import time; from prores.run.watchdog import Watchdog\n"
+              f"Watchdog({{'first step': 0.2}}, {str(tmp_path)!r}, 0, held=lambda: {held}).start(5)\n"
+              "time.sleep(30)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          env=child_env())
+    if held:
+        assert proc.returncode == 124 and (tmp_path / "hangs" / "step5-rank0.txt").exists(), proc.stderr
+    else:
+        assert proc.returncode == 75 and list(tmp_path.iterdir()) == [], proc.stderr
+        assert proc.stderr.count(f"exiting 75 without writing anything more into {tmp_path}") == 1, proc.stderr

@@ -16,7 +16,9 @@ go to stderr, and the rank still exits :data:`EXIT_HUNG`. A thread cannot run wh
 C extension that never lets go): ``faulthandler.dump_traceback_later`` backs it up from C, :data:`BACKSTOP_S`
 past the bound, writing the stacks to stderr and exiting 1.
 
-A stopped rank cannot write its own stacks: its peers, left waiting on it, write theirs. The run's record of
+A stopped rank cannot write its own stacks: its peers, left waiting on it, write theirs. Rank 0 stopped (or its
+host frozen) past its run lock's lease wakes with its bound long passed: its lock lapsed (``held``), so it writes
+nothing into a directory that may be another trainer's now, says so and exits :data:`EXIT_LOST_LOCK`. The run's record of
 starts and faults, and the restart budget, are :mod:`prores.run.record`'s (with or without this watchdog).
 
 nvidia-resiliency-ext's ``ft_launcher`` was tried first (issue 26's note says why it is not used).
@@ -32,8 +34,9 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
-from prores.run.callbacks import Callback
+from prores.run.callbacks import EXIT_LOST_LOCK, Callback
 from prores.run.faults import record_fault
 from prores.run.files import Careful
 
@@ -45,8 +48,8 @@ BACKSTOP_S = 30.0  # past a phase's bound, faulthandler's C thread ends a rank w
 class Watchdog:
     """``bounds``: seconds per phase (0: unbounded). :meth:`enter` moves the rank to a phase."""
 
-    def __init__(self, bounds: dict, run_dir: Path, rank: int):
-        self.bounds, self.run_dir, self.rank = bounds, Path(run_dir), rank
+    def __init__(self, bounds: dict, run_dir: Path, rank: int, held: Callable[[], bool] = lambda: True):
+        self.bounds, self.run_dir, self.rank, self.held = bounds, Path(run_dir), rank, held
         # (phase, step, since): one attribute, replaced whole, so the thread never reads a new phase with an old
         # start (a step bound against the first step's minutes)
         self.state = ("first step", 0, time.monotonic())
@@ -90,6 +93,11 @@ class Watchdog:
             waited = time.monotonic() - since
             bound = self.bounds.get(phase, 0)
             if bound and waited > bound:
+                if not self.held():
+                    _say(f"prores: error: rank {self.rank} made no progress in phase '{phase}' for {waited:.0f} s, and"
+                         f" the run directory's lock lapsed meanwhile (was the process stopped?); exiting"
+                         f" {EXIT_LOST_LOCK} without writing anything more into {self.run_dir}")
+                    os._exit(EXIT_LOST_LOCK)
                 try:
                     self._hung(phase, step, waited)
                 finally:
@@ -135,7 +143,7 @@ class WatchForHangs(Callback):
         if bound:
             self.dog = Watchdog({"first step": cfg.train.hang_timeout_first_step, "step": bound,
                                  "eval": cfg.train.hang_timeout_eval, "save": cfg.checkpoint.save_timeout},
-                                trainer.run_dir, trainer.topo.rank).start(trainer.step)
+                                trainer.run_dir, trainer.topo.rank, trainer.held).start(trainer.step)
 
     def _enter(self, phase: str, step: int) -> None:
         if self.dog:
