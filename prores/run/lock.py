@@ -29,8 +29,8 @@ What keeps it to one holder (issue 26), each with a test in tests/test_lock.py:
   A checkpoint's publication (its manifest, then ``latest``) and each removal by retention ask again just
   before the rename or the removal, and so does each TensorBoard event before it reaches the writer's thread
   (:class:`prores.monitor.tensorboard.RunWriter`), so a holder stopped mid-save or mid-picture (SIGSTOP, a
-  frozen VM) publishes nothing once continued. What remains is the microseconds between that question and the rename: no POSIX file system
-  offers a rename fenced by a lease, so no trainer on one can close it.
+  frozen VM) publishes nothing once continued. What remains is the microseconds between that question and
+  the rename: no POSIX file system offers a rename fenced by a lease, so no trainer on one can close it.
 * A takeover happens under ``RUN/lock.takeover`` (created ``O_EXCL``, held for milliseconds), judging the
   lock again there, so two takers cannot both act on one stale lock; it moves the lock aside and removes
   it only if the moved file is the very one it judged (same inode and holder), else it puts it back.

@@ -18,8 +18,9 @@ past the bound, writing the stacks to stderr and exiting 1.
 
 A stopped rank cannot write its own stacks: its peers, left waiting on it, write theirs. Rank 0 stopped (or its
 host frozen) past its run lock's lease wakes with its bound long passed: its lock lapsed (``held``), so it writes
-nothing into a directory that may be another trainer's now, says so and exits :data:`EXIT_LOST_LOCK`. The run's record of
-starts and faults, and the restart budget, are :mod:`prores.run.record`'s (with or without this watchdog).
+nothing into a directory that may be another trainer's now, says so and exits :data:`EXIT_LOST_LOCK`. The run's
+record of starts and faults, and the restart budget, are :mod:`prores.run.record`'s (with or without this
+watchdog).
 
 nvidia-resiliency-ext's ``ft_launcher`` was tried first (issue 26's note says why it is not used).
 """
