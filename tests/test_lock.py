@@ -430,6 +430,8 @@ def test_a_watchdog_that_wakes_past_its_bound_after_its_lock_lapsed_writes_nothi
                           env=child_env())
     if held:
         assert proc.returncode == 124 and (tmp_path / "hangs" / "step5-rank0.txt").exists(), proc.stderr
+        [fault] = (tmp_path / "faults").iterdir()
+        assert json.loads(fault.read_text())["kind"] == "hang"
     else:
         assert proc.returncode == 75 and list(tmp_path.iterdir()) == [], proc.stderr
         assert proc.stderr.count(f"exiting 75 without writing anything more into {tmp_path}") == 1, proc.stderr

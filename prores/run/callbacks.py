@@ -212,9 +212,14 @@ def exit_if_lapsed(trainer, step: int) -> None:
         exit_lapsed(trainer, step, lock.lost() if lock is not None else None)
 
 
+def exiting_lapsed(run_dir) -> str:
+    """The end of the one line a lapsed holder says, wherever it stops (here, or in its hang watchdog)."""
+    return f"exiting {EXIT_LOST_LOCK} without writing anything more into {run_dir}"
+
+
 def exit_lapsed(trainer, step: int, why: Optional[str]) -> None:
-    trainer.say(f"stopping after step {step + 1}: {why or 'the lock was lost on rank 0'}; exiting {EXIT_LOST_LOCK}"
-                f" without writing anything more into {trainer.run_dir}")
+    trainer.say(f"stopping after step {step + 1}: {why or 'the lock was lost on rank 0'}; "
+                f"{exiting_lapsed(trainer.run_dir)}")
     sys.stderr.flush()
     os._exit(EXIT_LOST_LOCK)  # no exit handler, writer thread or buffer may write after this line
 

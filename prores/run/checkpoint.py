@@ -173,15 +173,15 @@ class Checkpoints:
             self._not_saved(tag_dir, step, failed, say)
             return None
         sums = _checksums(tag_dir, _files(tag_dir))
-        published = {}
+        unpublished = {}
         if dist.get_rank() == 0:
             manifest = json.dumps({"step": step, **meta, "files": sums}, indent=1)
             if write_atomic(tag_dir / MANIFEST, manifest, self.held) and write_atomic(self.root / "latest", tag,
                                                                                        self.held):
                 self._prune(keep=step)
             else:
-                published = {0: "lapsed"}
-        return None if _gather(published) else tag_dir  # the gather: also the barrier after publishing
+                unpublished = {0: "the run lock lapsed"}
+        return None if _gather(unpublished) else tag_dir  # the gather: also the barrier after publishing
 
     def _not_saved(self, tag_dir: Path, step: int, failed: dict, say) -> None:
         rank, why = min(failed.items())

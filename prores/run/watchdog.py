@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from prores.run.callbacks import EXIT_LOST_LOCK, Callback
+from prores.run.callbacks import EXIT_LOST_LOCK, Callback, exiting_lapsed
 from prores.run.faults import record_fault
 from prores.run.files import Careful
 
@@ -96,8 +96,8 @@ class Watchdog:
             if bound and waited > bound:
                 if not self.held():
                     _say(f"prores: error: rank {self.rank} made no progress in phase '{phase}' for {waited:.0f} s, and"
-                         f" the run directory's lock lapsed meanwhile (was the process stopped?); exiting"
-                         f" {EXIT_LOST_LOCK} without writing anything more into {self.run_dir}")
+                         f" the run directory's lock lapsed meanwhile (was the process stopped?);"
+                         f" {exiting_lapsed(self.run_dir)}")
                     os._exit(EXIT_LOST_LOCK)
                 try:
                     self._hung(phase, step, waited)
