@@ -52,6 +52,10 @@ def test_the_plan_example_is_what_prores_plan_prints():
 
 MONITOR_COMMAND = ('for run in 1 2; do python benchmarks/monitor_overhead.py --blocks 20 2>/dev/null'
                    ' | grep -E "^(layers|median|one)"; done > docs/monitor_overhead.txt')
+WIDTH_COMMAND = ('for w in "64 172 4" "128 344 8" "256 688 16" "512 1368 32"; do set -- $w; python'
+                 ' benchmarks/profile_step.py --depths 48 --backends block --set optim.implementation=fused --set'
+                 ' model.hidden_size=$1 --set model.ffn_hidden_size=$2 --set model.num_heads=$3; done >'
+                 ' docs/profile_width.txt')
 # A benchmark's printout on a page: (page, the command that wrote the kept file, the file under docs/).
 KEPT_PRINTOUTS = [
     ("docs/checkpoints.md", "python benchmarks/chaos.py --faults 10 --seed 1 --out /tmp/chaos10 > docs/chaos.txt",
@@ -65,6 +69,7 @@ KEPT_PRINTOUTS = [
     ("docs/results/cpu-depth.md", "bash benchmarks/study_time.sh > docs/study_time.txt", "study_time.txt"),
     ("docs/speed.md", "python benchmarks/profile_step.py > docs/profile_step.txt\npython benchmarks/profile_step.py"
      " --backends block --set optim.implementation=fused >> docs/profile_step.txt", "profile_step.txt"),
+    ("docs/speed.md", WIDTH_COMMAND, "profile_width.txt"),
     ("docs/speed.md", "BACKENDS=\"eager block\" bash benchmarks/study_time.sh > docs/study_time_block.txt",
      "study_time_block.txt"),
     ("docs/speed.md", "for L in 48 120; do python benchmarks/speedup.py --set model.num_layers=$L --set"
@@ -118,20 +123,41 @@ def test_the_speed_pages_verdicts_are_the_kept_printouts():
     assert f"finishes the study sooner ({study[1]} h against {study[0]} h at `--jobs 2`)" in page
 
 
-def test_the_kept_split_is_of_the_unprofiled_step():
-    """docs/profile_step.txt: the rest is the unprofiled step less the matmuls and attention, and every share is of
+SPLIT = re.compile(r"^\d+ blocks, kernels \w+: step ([\d.]+) \(profiled ([\d.]+)\); matmul ([\d.]+) \((\d+)%\),"
+                   r" attention ([\d.]+) \((\d+)%\), rest ([\d.]+) \((\d+)%\); matmul \+ attention (\d+)%$", re.M)
+
+
+@pytest.mark.parametrize("kept, count", [("profile_step.txt", 6), ("profile_width.txt", 4)])
+def test_the_kept_split_is_of_the_unprofiled_step(kept, count):
+    """The kept splits: the rest is the unprofiled step less the matmuls and attention, and every share is of
     that step (docs/speed.md says the profiler's own cost is kept out of the rest)."""
-    num = r"([\d.]+)"
-    lines = re.findall(rf"^\d+ blocks, kernels \w+: step {num} \(profiled {num}\); matmul {num} \((\d+)%\), attention"
-                       rf" {num} \((\d+)%\), rest {num} \((\d+)%\); matmul \+ attention (\d+)%$",
-                       (ROOT / "docs" / "profile_step.txt").read_text(), re.M)
-    assert len(lines) == 6
+    lines = SPLIT.findall((ROOT / "docs" / kept).read_text())
+    assert len(lines) == count
     for step, _, mm, mm_pct, attn, attn_pct, rest, rest_pct, both_pct in lines:
         step, mm, attn, rest = (float(x) for x in (step, mm, attn, rest))
         assert abs(step - mm - attn - rest) <= 0.2  # four figures, each rounded to 0.1 ms: 4 x 0.05
         for value, pct in ((mm, mm_pct), (attn, attn_pct), (rest, rest_pct), (mm + attn, both_pct)):
             # the share rounded to 1% (0.5), and value / step from figures rounded to 0.05 ms each (mm + attn: 0.1)
             assert abs(100 * value / step - int(pct)) <= 0.5 + 100 * 0.15 / step
+
+
+def test_the_split_at_each_width_is_the_kept_printout():
+    """docs/speed.md's shares at each width (docs/profile_width.txt, one header naming the width before each split),
+    and the study's width's share it compares them with (docs/profile_step.txt's at 48 blocks, block kernels
+    and fused AdamW)."""
+    page = " ".join((ROOT / "docs" / "speed.md").read_text().split())
+    text = (ROOT / "docs" / "profile_width.txt").read_text()
+    widths = [int(w) for w in re.findall(r"model\.hidden_size=(\d+) ", text)]
+    splits = [SPLIT.search(line) for line in text.splitlines() if line.startswith("48 blocks,")]
+    assert widths == [64, 128, 256, 512] and len(splits) == 4 and all(splits)
+    both = [m.group(9) for m in splits]
+    rest = [m.group(8) for m in splits]
+    assert (f"**At 48 blocks, matmuls and attention take {both[0]}% of the step at width 64, {both[1]}% at 128,"
+            f" {both[2]}% at 256 and {both[3]}% at 512** (the paper's width, with the study's head size), and the"
+            f" rest {rest[0]}%, {rest[1]}%, {rest[2]}% and {rest[3]}%.") in page
+    fused = (ROOT / "docs" / "profile_step.txt").read_text().split("optim.implementation=fused", 1)[1]
+    study = next(m.group(9) for m in SPLIT.finditer(fused) if m.group(0).startswith("48 blocks, kernels block"))
+    assert f"the same settings at width 64 on another day, found {study}%" in page
 
 
 @pytest.mark.parametrize("page, command, kept", KEPT_PRINTOUTS)
