@@ -24,6 +24,7 @@ from megatron.core import parallel_state
 from prores.run.callbacks import Callback
 from prores.model.block import Block
 from prores.model.gpt import Embedding, EmbeddingNorm, FinalNorm, Head
+from prores.parallel.collectives import all_reduce_over
 from prores.parallel.grad_norm import grouped_sq_norms, reduced_grad_share
 
 
@@ -56,6 +57,8 @@ class LayerDiagnostics(Callback):
         self.pieces = owned_pieces(trainer.module)
         self.blocks = dict(sorted(trainer.blocks.items()))
         self.params = [list(b.parameters()) for b in self.blocks.values()]  # a group a block
+        self.piece_params = [list(m.parameters()) for m in self.pieces.values()]
+        self.weights = [p for params in self.params for p in params]  # read under no_grad: no detach each
         self.before = None  # the weights before a stats step's update, for ||Δw||
         self.handles = [b.register_forward_hook(self._hook(layer)) for layer, b in self.blocks.items()]
         self.dp_group = parallel_state.get_data_parallel_group()
@@ -76,25 +79,24 @@ class LayerDiagnostics(Callback):
 
         return hook
 
-    def _weights(self) -> list[torch.Tensor]:
-        return [p.detach() for params in self.params for p in params]
-
+    @torch.no_grad()
     def pre_step(self, trainer, step: int) -> None:
         self.active = step % trainer.cfg.logging.stats_interval == 0
         self.grad_sq = None
         if self.active:  # kept from one stats step to the next: fresh copies of hundreds of tensors cost more
             if self.before is None:
-                self.before = [w.clone() for w in self._weights()]
+                self.before = [w.clone() for w in self.weights]
             else:
-                torch._foreach_copy_(self.before, self._weights())
+                torch._foreach_copy_(self.before, self.weights)
 
     def pre_update(self, trainer, step: int) -> None:
         if self.active:
             dp_rank = trainer.topo.dp_rank
-            self.grad_sq = grouped_sq_norms([list(m.parameters()) for m in self.pieces.values()],
+            self.grad_sq = grouped_sq_norms(self.piece_params,
                                             lambda p: reduced_grad_share(p, dp_rank), trainer.topo.tp_rank,
                                             [self.dp_group, self.tp_group], trainer.device)
 
+    @torch.no_grad()
     def post_step(self, trainer, step: int, metrics: dict) -> None:
         if not self.active:
             return
@@ -102,11 +104,11 @@ class LayerDiagnostics(Callback):
         writer, tp_rank = trainer.writer, trainer.topo.tp_rank
         if self.blocks:
             forward = torch.stack([self._forward.pop(l) for l in self.blocks])
-            torch.distributed.all_reduce(forward, group=self.dp_group)
+            all_reduce_over(forward, self.dp_group)
             mean = (forward[:, :2] / forward[:, 2:]).cpu()
             writer.layer_scalars("layers/act_rms", dict(zip(self.blocks, mean[:, 0].sqrt().tolist())), step)
             writer.layer_scalars("layers/cos_in_out", dict(zip(self.blocks, mean[:, 1].tolist())), step)
-            torch._foreach_sub_(self.before, self._weights())  # before - after: -Δw, in place
+            torch._foreach_sub_(self.before, self.weights)  # before - after: -Δw, in place
             minus_delta = dict(zip((id(p) for params in self.params for p in params), self.before))
             delta = grouped_sq_norms(self.params, lambda p: minus_delta[id(p)], tp_rank, [self.tp_group],
                                      trainer.device)

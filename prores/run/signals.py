@@ -16,6 +16,8 @@ import subprocess
 import torch
 import torch.distributed as dist
 
+from prores.parallel.collectives import all_reduce_over
+
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
 
@@ -51,7 +53,7 @@ class StopSignals:
 def highest_on_any_rank(value: int, device: torch.device) -> int:
     """The largest of every rank's ``value``: how ranks agree on a stop one of them decided."""
     flag = torch.tensor([float(value)], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    all_reduce_over(flag, op=dist.ReduceOp.MAX)
     return int(flag.item())
 
 
