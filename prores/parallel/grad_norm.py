@@ -46,8 +46,8 @@ def reduced_grad_share(param, dp_rank: int) -> Optional[torch.Tensor]:
     return fragment
 
 
-# CPU's norm kernel sums each vector lane in fp32 from end to end, so its error grows with the length: 2e-5 of a
-# squared norm at 1M elements, 1e-7 at 32k. Cut into chunks of this many elements, a norm keeps the 1e-7.
+# CPU's norm kernel sums in fp32 without a cascade, so its error grows with the length: 2e-5 of a squared norm
+# at 1M elements, 1e-7 at 32k. Cut into chunks of this many elements, a norm keeps the 1e-7.
 NORM_CHUNK = 1 << 15
 
 
