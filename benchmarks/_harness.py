@@ -1,8 +1,10 @@
 """What the step benchmarks share (not a benchmark itself): a trainer that never reaches its end or an evaluation
-by itself, and rounds in which every arm runs side by side."""
+by itself, rounds in which every arm runs side by side, and a timer of a step's phases."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import platform
 import tempfile
 import time
@@ -44,3 +46,38 @@ def interleaved(arms: dict[str, Callable[[int], object]], rounds: int, steps: in
             arms[name](steps)
             rates[name].append(steps * tokens_per_step / (time.perf_counter() - start))
     return rates
+
+
+class Phases:
+    """Seconds in each named phase of the steps run while ``counting``, and how many steps."""
+
+    def __init__(self, counting: bool = True):
+        self.seconds, self.steps, self.counting = collections.Counter(), 0, counting
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.steps = 0
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.counting:
+                self.seconds[name] += time.perf_counter() - start
+
+    def timed(self, name: str, f):
+        def run(*args, **kwargs):
+            with self(name):
+                return f(*args, **kwargs)
+
+        return run
+
+    def per_step(self, digits: int = 1) -> str:
+        """ms a step in each phase; the whole step, where timed as "step", shows as what the others leave:
+        "other"."""
+        ms = {name: s / self.steps * 1e3 for name, s in self.seconds.items()}
+        if "step" in ms:
+            ms["other"] = ms.pop("step") - sum(ms.values())
+        return ", ".join(f"{name} {v:.{digits}f}" for name, v in ms.items())

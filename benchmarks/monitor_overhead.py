@@ -14,7 +14,9 @@ during the off blocks, so its work falls on the on arm only.
 
 Runs the tiny config (or ``--config``) in one process through the training loop's own step and
 interleaves blocks of 10 steps with the monitors on and off, so that drift in the machine's load hits
-both alike; prints the median block time of each and their ratio. It does so at 12 and at 48 blocks
+both alike; prints the median block time of each and their ratio, and the ms a step each monitor's own hooks
+took in the on blocks, timed around them: unlike the ratio of two noisy arms, it says which monitor costs what (the
+diagnostics' forward statistics run inside the blocks' forward and are not in it). It does so at 12 and at 48 blocks
 (``--layers``), each in its own process. Usage:
 
     python benchmarks/monitor_overhead.py [--blocks 12] [--layers 12 48] [--config configs/tiny.yaml]
@@ -29,13 +31,23 @@ import subprocess
 import sys
 import time
 
-from _harness import benchmark_trainer, machine
+from _harness import Phases, benchmark_trainer, machine
 
 from prores.monitor.heatmaps import Painter, heatmap, rgb, series_matrix
 from prores.monitor.registry import MONITORS, callback_class, without_monitors
 from prores.study.intervals import Spread
 
 INTERVAL = 10
+STEP_HOOKS = ("pre_step", "pre_update", "post_step", "pre_eval", "post_eval")
+
+
+def time_the_monitors(trainer, phases: Phases) -> None:
+    """Each monitor's step hooks timed into ``phases`` under its registry name."""
+    names = {callback_class(name): name for name in MONITORS}
+    for callback in trainer.callbacks:
+        if type(callback) in names:
+            for hook in STEP_HOOKS:
+                setattr(callback, hook, phases.timed(names[type(callback)], getattr(callback, hook)))
 
 
 def main() -> None:
@@ -62,6 +74,8 @@ def main() -> None:
     painter = heatmaps.painter if heatmaps else Painter(None)  # without heatmaps: one that never draws
     for _ in range(INTERVAL):  # warm-up (compilation), monitors included
         trainer.step_once()
+    hooks = Phases()  # the off blocks run without the monitors: what it counts is the on blocks'
+    time_the_monitors(trainer, hooks)
     times = {"on": [], "off": []}
     for block in range(args.blocks):
         mode = "on" if block % 2 == 0 else "off"
@@ -76,6 +90,7 @@ def main() -> None:
             painter.resume()
     if args.blocks % 2:  # ended on an on block
         painter.resume()
+    hooks.steps = len(times["on"]) * INTERVAL
     on, off = (statistics.median(times[m]) for m in ("on", "off"))
     on_label = "every monitor on" + (f" but {', '.join(args.without)}" if args.without else "")
     print(f"layers={cfg.model.num_layers} tokens/step={trainer.tokens_per_step} kernels={trainer.backend}"
@@ -84,6 +99,7 @@ def main() -> None:
     spread = Spread.of(times["on"][:len(times["off"])], times["off"])  # an on block and the off block after it
     print(f"median time of {INTERVAL} steps: {on_label} {on * 1e3:.0f} ms, all off {off * 1e3:.0f} ms,"
           f" ratio on/off {spread.text()} (the blocks' 10th to 90th percentile)")
+    print(f"ms a step in each monitor's own hooks, on blocks: {hooks.per_step(digits=2)}")
     if heatmaps:
         refresh = []
         for _ in range(3):  # what one evaluation's heatmap redraw costs, with the run's own series

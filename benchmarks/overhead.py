@@ -21,15 +21,12 @@ At the study's shape: ``--config cpu-depth.yaml --set model.num_layers=48`` (and
 from __future__ import annotations
 
 import argparse
-import collections
-import contextlib
 import copy
 import statistics
-import time
 
 import torch
 
-from _harness import benchmark_trainer, interleaved, machine
+from _harness import Phases, benchmark_trainer, interleaved, machine
 
 from prores.data.tokenizers import load_tokenizer
 from prores.launcher.builders import adamw_kernel, lr_lambda, param_groups
@@ -39,39 +36,6 @@ from prores.model.block import Block
 from prores.model.prores import ProRes, ProResScheduler
 from prores.monitor.registry import without_monitors
 from prores.study.intervals import Spread
-
-
-class Phases:
-    """Seconds in each named phase of the steps run while ``counting``, and how many steps."""
-
-    def __init__(self, counting: bool = True):
-        self.seconds, self.steps, self.counting = collections.Counter(), 0, counting
-
-    def reset(self) -> None:
-        self.seconds.clear()
-        self.steps = 0
-
-    @contextlib.contextmanager
-    def __call__(self, name: str):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            if self.counting:
-                self.seconds[name] += time.perf_counter() - start
-
-    def timed(self, name: str, f):
-        def run(*args, **kwargs):
-            with self(name):
-                return f(*args, **kwargs)
-
-        return run
-
-    def per_step(self) -> str:
-        """ms a step in each phase; the whole step, timed as "step", shows as what the others leave: "other"."""
-        ms = {name: s / self.steps * 1e3 for name, s in self.seconds.items()}
-        ms["other"] = ms.pop("step") - sum(ms.values())
-        return ", ".join(f"{name} {v:.1f}" for name, v in ms.items())
 
 
 class BareLoop:

@@ -25,7 +25,9 @@ SMOKE = {
     "data_loader.py": (["--steps", "2", *SETS], rf"step {NUMBER} ms, data {NUMBER} ms, data share"),
     "fp32_residual.py": (["--layers", "4", "--T", "2", "--steps", "4", *SETS], r"survival|fp32"),
     "fused_norm.py": (["--quick", "--reps", "1", "--gain"], r"GB/s|gain"),
-    "monitor_overhead.py": (["--blocks", "2", "--layers", "2", "3", *SETS], rf"ratio on/off {NUMBER}"),
+    "monitor_overhead.py": (["--blocks", "2", "--layers", "2", "3", *SETS],
+                            rf"ratio on/off {NUMBER}.*\n.*own hooks, on blocks: scalars {NUMBER}, spikes {NUMBER},"
+                            rf" layer_stats {NUMBER}, heatmaps {NUMBER}"),
     "overhead.py": (["--blocks", "2", "--steps", "2", *SETS],
                     rf"prores / bare = {NUMBER}.*\n.*ReduceGrads {NUMBER}.*; bare loop: forward {NUMBER}"),
     "parallel_layouts.py": (["--steps", "2", "--layouts", "1,1,1", "1,1,2", "--micro-batches", "1", *SETS],
