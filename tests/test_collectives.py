@@ -29,7 +29,7 @@ def test_collectives_take_the_runs_device_not_the_default(world_of_one):
 
 
 def test_grouped_norms_of_a_long_tensor_keep_fp32_sums_rounding(world_of_one):
-    """A CPU's norm kernel sums each lane end to end: at 1M elements its squared norm errs by ~2e-5. The grouped
+    """A CPU's norm kernel sums in fp32 without a cascade: at 1M elements its squared norm errs by ~2e-5. The grouped
     norms cut long tensors into chunks; their error stays near a cascade sum's (torch's ``square().sum()`` errs by
     3e-8 here), well inside 1e-6, which the norm in one piece misses."""
     from megatron.core import parallel_state

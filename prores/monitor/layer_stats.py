@@ -109,7 +109,7 @@ class LayerDiagnostics(Callback):
             writer.layer_scalars("layers/act_rms", dict(zip(self.blocks, mean[:, 0].sqrt().tolist())), step)
             writer.layer_scalars("layers/cos_in_out", dict(zip(self.blocks, mean[:, 1].tolist())), step)
             torch._foreach_sub_(self.before, self.weights)  # before - after: -Δw, in place
-            minus_delta = dict(zip((id(p) for params in self.params for p in params), self.before))
+            minus_delta = dict(zip(map(id, self.weights), self.before))
             delta = grouped_sq_norms(self.params, lambda p: minus_delta[id(p)], tp_rank, [self.tp_group],
                                      trainer.device)
             weight = grouped_sq_norms(self.params, lambda p: p, tp_rank, [self.tp_group], trainer.device)
